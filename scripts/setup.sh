@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs everything slotlake needs on a Debian machine, idempotently:
+#   - Debian packages: the PostgreSQL server (initdb/pg_ctl), Java 17, Maven (only those missing)
+#   - .venv/ at the repo root with the pinned requirements and slotlake itself (editable)
+#   - the Delta jars from Maven Central into .jars/ (spark.jars points there; Spark never downloads at start)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+need_pkgs=()
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+[ -n "$(pg_bin)" ] && [ -x "$(pg_bin)/initdb" ] || need_pkgs+=(postgresql postgresql-contrib)
+command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
+command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3 python3-venv)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${need_pkgs[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+# Debian's postgresql package starts a cluster of its own; slotlake never uses it (tests and demo initdb their own).
+
+stamp_src="$(cat requirements.txt pyproject.toml | sha256sum | cut -c1-16)"
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.slotlake-stamp 2>/dev/null)" != "$stamp_src" ]; then
+  echo "setup: creating .venv with pinned requirements"
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+  .venv/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+  echo "$stamp_src" > .venv/.slotlake-stamp
+fi
+
+jar_stamp="$(sha256sum jars/pom.xml | cut -c1-16)"
+if [ "$(cat .jars/.stamp 2>/dev/null)" != "$jar_stamp" ]; then
+  echo "setup: resolving Delta jars from Maven Central into .jars/"
+  rm -rf .jars && mkdir -p .jars
+  mvn -q -B -f jars/pom.xml dependency:copy-dependencies -DoutputDirectory="$root/.jars" -DincludeScope=runtime
+  echo "$jar_stamp" > .jars/.stamp
+fi
+ls .jars/*.jar >/dev/null

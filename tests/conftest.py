@@ -1,0 +1,37 @@
+"""Shared fixtures: a real PostgreSQL server per test session, a fresh database per test."""
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "plugins"))
+
+from slotlake.localpg import LocalPostgres  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    server = LocalPostgres().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_db(pg_server):
+    """A new database (random name) on the session server; returns its DSN. Slots in it are dropped after."""
+    name = "t_" + uuid.uuid4().hex[:10]
+    pg_server.psql(f"CREATE DATABASE {name}")
+    try:
+        yield pg_server.dsn(name)
+    finally:
+        pg_server.psql(
+            f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{name}' AND NOT active"
+        )
+        pg_server.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
