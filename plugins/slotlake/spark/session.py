@@ -1,0 +1,64 @@
+"""The SparkSession with Delta, built the same way for spark-submit apps, tests and the demo.
+
+Delta's jars come from `<repo>/.jars` (resolved from Maven Central by scripts/setup.sh) or `$SLOTLAKE_JARS_DIR`;
+nothing is downloaded when Spark starts.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+from typing import Mapping
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+# Settings every slotlake Spark session gets (config `spark.conf` may override all but the Delta wiring).
+BASE_CONF: dict[str, str] = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.databricks.delta.schema.autoMerge.enabled": "false",
+    "spark.driver.memory": "2g",
+}
+
+
+def jars_dir() -> Path:
+    return Path(os.environ.get("SLOTLAKE_JARS_DIR", REPO_ROOT / ".jars"))
+
+
+def delta_jars() -> list[str]:
+    jars = sorted(glob.glob(str(jars_dir() / "*.jar")))
+    if not any("delta-spark" in Path(j).name for j in jars):
+        raise RuntimeError(f"Delta jars not found in {jars_dir()}; run scripts/setup.sh (resolves them from Maven Central)")
+    return jars
+
+
+def spark_conf(master: str = "local[*]", extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The full Spark configuration: base settings, Delta jars, then the user's `spark.conf`."""
+    conf = dict(BASE_CONF)
+    conf["spark.jars"] = ",".join(delta_jars())
+    conf["spark.master"] = master
+    conf.update(extra or {})
+    # Executors import slotlake (the decoder runs there): put plugins/ on their PYTHONPATH for local masters.
+    conf.setdefault("spark.executorEnv.PYTHONPATH", str(REPO_ROOT / "plugins"))
+    return conf
+
+
+def get_spark(app_name: str = "slotlake", master: str | None = None, extra: Mapping[str, str] | None = None):
+    """Get or create the SparkSession. Under spark-submit the master and jars already come from the command line."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(app_name)
+    if "SPARK_ENV_LOADED" not in os.environ and not os.environ.get("SLOTLAKE_UNDER_SPARK_SUBMIT"):
+        for k, v in spark_conf(master or "local[*]", extra).items():
+            builder = builder.config(k, v)
+    elif extra:
+        for k, v in extra.items():
+            builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
