@@ -43,6 +43,13 @@ class Capture:
     def execute(self, sql: str, params: tuple = ()) -> None:
         self.conn.execute(sql, params)
 
+    def transaction(self, *statements: str) -> int:
+        """Run `statements` as one transaction; returns its xid (to find its frames)."""
+        with self.conn.transaction():
+            for sql in statements:
+                self.conn.execute(sql)
+            return int(self.conn.execute("SELECT txid_current()").fetchone()[0])
+
     def peek(self) -> list[Frame]:
         rows = self.conn.execute(PEEK_SQL, (self.slot, self.pub)).fetchall()
         return [Frame(lsn, xid, bytes(data)) for lsn, xid, data in rows]
@@ -57,6 +64,7 @@ def write_bronze(frames: list[Frame], bronze_dir: Path, start_lsn: int, slot: st
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from slotlake.bronze import META_END, META_ROWS, META_SLOT, META_START, bronze_name
     from slotlake.decode.messages import Commit
     from slotlake.decode.pgoutput import decode_message
     from slotlake.lsn import Lsn
@@ -72,9 +80,8 @@ def write_bronze(frames: list[Frame], bronze_dir: Path, start_lsn: int, slot: st
         "ord": pa.array(range(len(frames)), pa.int64()),
     })
     table = table.replace_schema_metadata({
-        "slotlake.start_lsn": str(Lsn(start_lsn)), "slotlake.end_lsn": str(end),
-        "slotlake.slot": slot, "slotlake.rows": str(len(frames))})
+        META_START: str(Lsn(start_lsn)), META_END: str(end), META_SLOT: slot, META_ROWS: str(len(frames))})
     bronze_dir.mkdir(parents=True, exist_ok=True)
-    path = bronze_dir / f"{Lsn(start_lsn).hex16}_{end.hex16}.parquet"
+    path = bronze_dir / bronze_name(Lsn(start_lsn), end)
     pq.write_table(table, path)
     return path
