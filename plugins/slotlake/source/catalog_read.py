@@ -1,0 +1,119 @@
+"""The bootstrap read of pg_catalog: every table's definition at slot creation, for the first `_catalog` versions.
+
+It yields the same `TableDef` values as the DDL events (slotlake.source.ddl): the query below builds the very
+JSON shape that `slotlake.table_def` in sql/ddl_capture.sql builds, and both go through `table_def_from_json`
+(tests/integration/test_ddl_capture.py checks the two agree). Unlike the DDL capture it needs no superuser and
+no installed objects, so it works on every source.
+
+For definitions that match the slot's consistent point exactly, call it inside the transaction that imported
+the slot's exported snapshot (REPEATABLE READ + SET TRANSACTION SNAPSHOT): catalog rows are read under that
+snapshot like any table.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from slotlake.errors import PreflightError
+from slotlake.lsn import Lsn
+from slotlake.source.ddl import TableDef, table_def_from_json
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger(__name__)
+
+# Keep in step with slotlake.table_def in sql/ddl_capture.sql (same keys, same expressions).
+_TABLE_DEFS = """
+SELECT jsonb_build_object(
+         'oid', c.oid::bigint,
+         'schema', n.nspname::text,
+         'name', c.relname::text,
+         'kind', c.relkind::text,
+         'replica_identity', c.relreplident::text,
+         'columns', coalesce((
+           SELECT jsonb_agg(jsonb_build_object(
+                    'attnum', a.attnum::int,
+                    'name', a.attname::text,
+                    'type_oid', a.atttypid::bigint,
+                    'type_name', format_type(a.atttypid, a.atttypmod),
+                    'typmod', a.atttypmod,
+                    'not_null', a.attnotnull,
+                    'default', pg_get_expr(d.adbin, d.adrelid),
+                    'generated', a.attgenerated::text,
+                    'identity', a.attidentity::text,
+                    'is_key', CASE c.relreplident
+                                WHEN 'f' THEN true
+                                WHEN 'n' THEN false
+                                ELSE EXISTS (
+                                  SELECT 1 FROM pg_index i
+                                   WHERE i.indrelid = c.oid
+                                     AND CASE c.relreplident WHEN 'i' THEN i.indisreplident ELSE i.indisprimary END
+                                     AND a.attnum = ANY (i.indkey::int2[]))
+                              END)
+                  ORDER BY a.attnum)
+             FROM pg_attribute a
+             LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+            WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]'::jsonb))
+  FROM pg_class c
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't'
+   AND CASE WHEN %(all)s
+            THEN n.nspname NOT IN ('pg_catalog', 'information_schema', 'slotlake') AND n.nspname !~ '^pg_toast'
+                 AND n.nspname !~ '^pg_temp_'
+            ELSE (n.nspname, c.relname) IN (SELECT s, t FROM unnest(%(schemas)s::text[], %(names)s::text[]) AS u(s, t))
+       END
+ ORDER BY n.nspname, c.relname
+"""
+
+
+def _split(name: str) -> tuple[str, str]:
+    schema, dot, table = name.partition(".")
+    if not dot or not schema or not table:
+        raise PreflightError(f"table {name!r} must be written schema.table, e.g. public.orders")
+    return schema, table
+
+
+def read_table_defs(conn: psycopg.Connection, tables: list[str] | None = None) -> list[TableDef]:
+    """Definitions of `tables` ("schema.table", matched literally against pg_class, no case folding), or of
+    every ordinary and partitioned table outside the system schemas when None. Ordered by schema, name.
+
+    Raises PreflightError naming every requested table that does not exist.
+    """
+    from psycopg.rows import tuple_row
+
+    pairs = [_split(t) for t in tables] if tables is not None else []
+    params = {"all": tables is None, "schemas": [s for s, _ in pairs], "names": [t for _, t in pairs]}
+    with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        # Pin search_path as sql/ddl_capture.sql does, so format_type/pg_get_expr qualify names identically;
+        # restored below because SET LOCAL inside a savepoint would outlive it in the caller's transaction.
+        cur.execute("SELECT current_setting('search_path')")
+        old_path = cur.fetchone()[0]
+        cur.execute("SELECT set_config('search_path', 'pg_catalog, pg_temp', true)")
+        cur.execute(_TABLE_DEFS, params)
+        rows = cur.fetchall()
+        cur.execute("SELECT set_config('search_path', %s, true)", [old_path])
+    defs = [table_def_from_json(row[0], f"pg_catalog read of {row[0].get('schema')}.{row[0].get('name')}")
+            for row in rows]
+    if tables is not None:
+        found = {(d.schema, d.name) for d in defs}
+        missing = [f"{s}.{t}" for s, t in pairs if (s, t) not in found]
+        if missing:
+            raise PreflightError(f"table(s) not found in the source database: {', '.join(missing)}; check `tables:` "
+                                 "in the config (names are schema.table, case-sensitive, ordinary or partitioned "
+                                 "tables only)")
+    log.info("read %d table definition(s) from pg_catalog", len(defs))
+    return defs
+
+
+def current_wal_lsn(conn: psycopg.Connection) -> Lsn:
+    """The server's current WAL position (on a standby: the last replayed position)."""
+    from psycopg.rows import tuple_row
+
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute("SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+                    "ELSE pg_current_wal_lsn() END::text")
+        row = cur.fetchone()
+    if row is None or row[0] is None:
+        raise PreflightError("the server reports no WAL position (a standby that has not replayed anything yet)")
+    return Lsn.parse(row[0])
