@@ -1,0 +1,106 @@
+"""Build the Airflow DAGs for every configured source (the file in dags/ only calls `build_dags`).
+
+`slotlake_sync__<source>`: preflight -> extract -> decode -> merge -> report. preflight, extract and report are
+Python tasks calling `slotlake.pipeline`; decode and merge are `SparkSubmitOperator`s fed with the same
+`SparkApp` the CLI submits. Building a DAG touches no database and starts no Spark: it only reads the config.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, CronDataIntervalTimetable, task
+
+from slotlake import pipeline
+from slotlake.config import Config
+from slotlake.spark.submit import SparkApp, code_zip, spark_app
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SPARK_CONN_ID = "slotlake_spark"
+
+
+def spark_conn_id(cfg: Config) -> str:
+    """The Spark connection the operators use: the configured `spark.conn_id`, else one built from `spark.master`.
+
+    SparkSubmitHook takes the master from a connection (defaulting to yarn when it finds none), so without a
+    configured one we define `slotlake_spark` through the environment (AIRFLOW_CONN_<ID>, JSON form). Every
+    process that parses this DAG file (scheduler, worker, `airflow dags test`) defines it the same way.
+    """
+    if cfg.spark.conn_id:
+        return cfg.spark.conn_id
+    os.environ[f"AIRFLOW_CONN_{DEFAULT_SPARK_CONN_ID.upper()}"] = json.dumps(
+        {"conn_type": "spark", "host": cfg.spark.master})
+    return DEFAULT_SPARK_CONN_ID
+
+
+def _ship_code(context: Mapping[str, Any]) -> None:
+    # Built just before submitting (not at parse time): the zip of plugins/slotlake for a cluster's executors.
+    context["task"].py_files = code_zip()
+
+
+def spark_submit_task(app: SparkApp, task_id: str, conn_id: str) -> SparkSubmitOperator:
+    """A SparkSubmitOperator running `app` exactly as `slotlake.spark.submit.run_spark_app` would."""
+    return SparkSubmitOperator(
+        task_id=task_id,
+        application=app.application,
+        application_args=list(app.args),
+        conf=dict(app.conf),
+        conn_id=conn_id,
+        name=app.name,
+        env_vars=dict(app.env),
+        spark_binary=app.spark_submit,
+        pre_execute=_ship_code if app.ship_code else None,
+    )
+
+
+def _start_date(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=timezone.utc)
+
+
+def build_sync_dag(cfg: Config, source_name: str) -> DAG:
+    source = cfg.source(source_name)
+    conn_id = spark_conn_id(cfg)
+    with DAG(
+        dag_id=f"slotlake_sync__{source_name}",
+        description=f"Sync PostgreSQL source {source_name} into the Delta lake (slot {source.slot})",
+        schedule=CronDataIntervalTimetable(source.schedule, timezone="UTC"),
+        start_date=_start_date(source.start_date),
+        catchup=False,
+        max_active_runs=1,
+        tags=["slotlake", f"source:{source_name}"],
+        default_args={"retries": 0},  # every stage is idempotent; the next scheduled run is the retry
+        doc_md=__doc__,
+    ) as dag:
+
+        @task(task_id="preflight")
+        def preflight() -> dict[str, Any]:
+            return pipeline.task_preflight(cfg, source_name)
+
+        @task(task_id="extract")
+        def extract() -> dict[str, Any]:
+            return pipeline.task_extract(cfg, source_name)
+
+        @task(task_id="report")
+        def report(extracted: dict[str, Any]) -> dict[str, Any]:
+            return pipeline.task_report(cfg, source_name, extracted)
+
+        decode = spark_submit_task(spark_app(cfg, source_name, "decode"), "decode", conn_id)
+        merge = spark_submit_task(spark_app(cfg, source_name, "merge"), "merge", conn_id)
+        extracted = extract()
+        done = report(extracted)
+        preflight() >> extracted >> decode >> merge >> done
+    return dag
+
+
+def build_dags(cfg: Config) -> dict[str, DAG]:
+    """Every DAG for every configured source, by dag_id."""
+    dags: dict[str, DAG] = {}
+    for name in cfg.sources:
+        dag = build_sync_dag(cfg, name)
+        dags[dag.dag_id] = dag
+    return dags

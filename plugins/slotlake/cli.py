@@ -1,0 +1,134 @@
+"""`slotlake`: the command-line front end over the same functions the Airflow tasks call.
+
+    slotlake [--config FILE] sync SOURCE      preflight, extract, decode, merge, report (like one DAG run)
+    slotlake [--config FILE] status SOURCE    slot lag, retained WAL, wal_status, each gold table's applied LSN
+
+Each command is a `Command` in COMMANDS: a name, a help line, a function adding its arguments, and a function
+that runs it. Exit 0 on success; on failure one line `slotlake: error: <message>` and exit 1 (a traceback
+only with --debug).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from slotlake.config import ENV_VAR, Config, load_config
+from slotlake.errors import SlotlakeError
+
+log = logging.getLogger("slotlake.cli")
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[Config, argparse.Namespace], int]
+
+
+def _source_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="SOURCE", help="a source name from the config's `sources:`")
+    p.add_argument("--json", action="store_true", help="print the result as JSON instead of text")
+
+
+def run_sync(cfg: Config, args: argparse.Namespace) -> int:
+    from slotlake.pipeline import sync
+
+    report = sync(cfg, args.source)
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        print(report.summary())
+        for t in report.merged:
+            print(f"  {t.table}: +{t.inserted} ~{t.updated} -{t.deleted} rows, applied up to {t.applied_lsn} "
+                  f"(gold version {t.gold_version})")
+    return 0
+
+
+def source_status(cfg: Config, source_name: str) -> dict[str, Any]:
+    """The slot's state and, per gold table, the LSN it has applied up to and when that merge committed."""
+    from slotlake import delta_log
+    from slotlake.lake import LakePaths
+    from slotlake.pipeline import plain
+    from slotlake.source.status import slot_status
+
+    source = cfg.source(source_name)
+    paths = LakePaths.of(cfg.lake, source_name)
+    tables = []
+    for schema, table in delta_log.gold_tables(paths.root):
+        last = delta_log.latest_slotlake_commit(paths.gold(schema, table), "merge")
+        tables.append({"table": f"{schema}.{table}", "applied_lsn": last.end_lsn if last else None,
+                       "gold_version": last.version if last else None,
+                       "committed_at": last.timestamp.isoformat() if last else None})
+    return {"source": source_name, "slot": plain(slot_status(source)), "lake": paths.root, "tables": tables}
+
+
+def run_status(cfg: Config, args: argparse.Namespace) -> int:
+    st = source_status(cfg, args.source)
+    if args.json:
+        print(json.dumps(st, indent=2))
+        return 0
+    print(f"source {st['source']}   lake {st['lake']}")
+    for k, v in st["slot"].items():
+        print(f"  {k}: {v}")
+    if not st["tables"]:
+        print("  no gold tables yet (run `slotlake sync` first)")
+    for t in st["tables"]:
+        print(f"  gold {t['table']}: applied LSN {t['applied_lsn']}, version {t['gold_version']}, "
+              f"committed {t['committed_at']}")
+    return 0
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command("sync", "bring SOURCE's lake up to date (one run of the sync DAG)", _source_arg, run_sync),
+    Command("status", "show the slot's lag and each gold table's applied LSN", _source_arg, run_status),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="slotlake", description="Keep a Delta Lake in sync with PostgreSQL.")
+    parser.add_argument("--config", metavar="FILE", help=f"the YAML config (default: ${ENV_VAR})")
+    parser.add_argument("--debug", action="store_true", help="debug logging and tracebacks on errors")
+    parser.add_argument("--quiet", action="store_true", help="log warnings and errors only")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for c in COMMANDS:
+        p = sub.add_parser(c.name, help=c.help, description=c.help)
+        c.add_arguments(p)
+        p.set_defaults(run=c.run)
+    return parser
+
+
+def one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.DEBUG if args.debug else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args.config)
+        return args.run(cfg, args)
+    except SlotlakeError as e:
+        if args.debug:
+            log.exception("failed")
+        print(f"slotlake: error: {one_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("slotlake: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug, not a user error: say so, keep it to one line unless --debug
+        if args.debug:
+            log.exception("failed")
+        print(f"slotlake: error: unexpected {type(e).__name__}: {one_line(e)} (rerun with --debug for the "
+              f"traceback)", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

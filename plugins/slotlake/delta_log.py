@@ -1,0 +1,115 @@
+"""Read the commit records (`commitInfo`) of a Delta table's log without Spark.
+
+The pipeline report and `slotlake status` only need what each commit says about itself: its version, time,
+operation metrics and the `userMetadata` slotlake writes with every decode and merge commit
+(`{"slotlake": {"end_lsn": "X/Y", "stage": "merge"}}`, see docs/internals.md). Those live in the JSON commit
+files `_delta_log/<version>.json`, so a few small file reads answer the question in milliseconds, where a Spark
+session would take seconds. Table *data* is never read here (that needs a full log replay: use Spark).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from slotlake.errors import SlotlakeError
+
+log = logging.getLogger(__name__)
+_COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+
+
+@dataclass(frozen=True)
+class DeltaCommit:
+    version: int
+    timestamp: datetime  # commitInfo.timestamp (UTC)
+    operation: str  # WRITE, MERGE, DELETE, TRUNCATE, ...
+    metrics: Mapping[str, int] = field(default_factory=dict)  # operationMetrics, as ints
+    slotlake: Mapping[str, Any] | None = None  # the "slotlake" object of userMetadata, when present
+
+    @property
+    def end_lsn(self) -> str | None:
+        return (self.slotlake or {}).get("end_lsn")
+
+    @property
+    def stage(self) -> str | None:
+        return (self.slotlake or {}).get("stage")
+
+
+def local_path(path: str) -> Path:
+    """A lake path as a local Path; lakes on object stores (s3a://, abfss://) need Spark to be read."""
+    if path.startswith("file://"):
+        return Path(path[len("file://"):])
+    if "://" in path:
+        raise SlotlakeError(f"{path}: reading Delta logs without Spark supports local lakes only")
+    return Path(path)
+
+
+def is_delta_table(path: str) -> bool:
+    return (local_path(path) / "_delta_log").is_dir()
+
+
+def _parse_commit(version: int, text: str) -> DeltaCommit:
+    info: dict[str, Any] = {}
+    for line in text.splitlines():
+        if line.startswith('{"commitInfo"'):
+            info = json.loads(line)["commitInfo"]
+            break
+    else:  # commitInfo is usually first, but the protocol does not promise it
+        for line in text.splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "commitInfo" in action:
+                info = action["commitInfo"]
+                break
+    metrics = {}
+    for k, v in (info.get("operationMetrics") or {}).items():
+        try:
+            metrics[k] = int(v)
+        except (TypeError, ValueError):
+            continue  # durations like "executionTimeMs" are ints too; anything else is not a count
+    meta = None
+    raw_meta = info.get("userMetadata")
+    if raw_meta:
+        try:
+            parsed = json.loads(raw_meta)
+            if isinstance(parsed, dict) and isinstance(parsed.get("slotlake"), dict):
+                meta = parsed["slotlake"]
+        except ValueError:
+            pass  # someone else's free-text metadata
+    ts = datetime.fromtimestamp(int(info.get("timestamp", 0)) / 1000, tz=timezone.utc)
+    return DeltaCommit(version=version, timestamp=ts, operation=str(info.get("operation", "")), metrics=metrics,
+                       slotlake=meta)
+
+
+def commits(table_path: str, *, newest_first: bool = True) -> Iterator[DeltaCommit]:
+    """The table's commits that still have a JSON file (log cleanup removes old ones after checkpoints)."""
+    log_dir = local_path(table_path) / "_delta_log"
+    if not log_dir.is_dir():
+        return
+    versions = sorted((int(m.group(1)) for m in map(_COMMIT_FILE.match, (p.name for p in log_dir.iterdir())) if m),
+                      reverse=newest_first)
+    for v in versions:
+        try:
+            text = (log_dir / f"{v:020d}.json").read_text()
+        except FileNotFoundError:
+            continue  # removed by log cleanup while we listed
+        yield _parse_commit(v, text)
+
+
+def latest_slotlake_commit(table_path: str, stage: str | None = None) -> DeltaCommit | None:
+    """The newest commit slotlake made (optionally of one stage), skipping OPTIMIZE/VACUUM and the like."""
+    for c in commits(table_path):
+        if c.slotlake is not None and (stage is None or c.stage == stage):
+            return c
+    return None
+
+
+def gold_tables(source_root: str) -> list[tuple[str, str]]:
+    """(schema, table) of every gold Delta table under `<lake>/<source>/gold/`, sorted."""
+    gold = local_path(source_root) / "gold"
+    if not gold.is_dir():
+        return []
+    return sorted((t.parent.name, t.name) for t in gold.glob("*/*") if (t / "_delta_log").is_dir())

@@ -1,0 +1,200 @@
+"""One sync of one source: preflight -> extract -> decode -> merge -> report.
+
+`sync()` runs the five steps in this process (the CLI). The Airflow DAG runs the same functions, one per task:
+`task_preflight`, `task_extract` and `task_report` as Python tasks, decode and merge as SparkSubmitOperators fed
+with the same `spark_app()` description that `task_decode`/`task_merge` run here. Every task returns a small
+JSON-able dict (it becomes the task's XCom), never data.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping, Sequence
+
+from slotlake import delta_log
+from slotlake.config import Config
+from slotlake.lake import LakePaths
+from slotlake.lsn import Lsn
+from slotlake.spark.submit import run_spark_app, spark_app
+
+log = logging.getLogger(__name__)
+
+
+def plain(value: Any) -> Any:
+    """A dataclass/Lsn/datetime tree as JSON-able values (XCom and the report stay small plain dicts)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Lsn):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [plain(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+@dataclass(frozen=True)
+class TableMerge:
+    """What the merge did to one gold table in this run (from its Delta commits' metrics)."""
+
+    table: str  # schema.table
+    applied_lsn: str | None  # end LSN recorded with the table's last slotlake commit
+    gold_version: int | None
+    inserted: int
+    updated: int
+    deleted: int
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    source: str
+    archived_files: int
+    archived_changes: int  # pgoutput messages written to bronze by this run's extract
+    archived_bytes: int
+    decoded_changes: int  # rows appended to silver/changes by this run's decode
+    merged: tuple[TableMerge, ...]
+    quarantined: int  # values this run put in _quarantine instead of gold
+    end_lsn: str | None  # the slot's confirmed position after extract
+    slot_lag_bytes: int | None  # WAL the slot still holds back after the run
+    wal_status: str | None
+    seconds: float
+    slot: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # slot_status() after the run, as a dict
+
+    def as_dict(self) -> dict[str, Any]:
+        return plain(self)
+
+    def summary(self) -> str:
+        merged = sum(t.inserted + t.updated + t.deleted for t in self.merged)
+        lag = "?" if self.slot_lag_bytes is None else f"{self.slot_lag_bytes}"
+        return (f"sync {self.source}: archived {self.archived_changes} messages in {self.archived_files} files "
+                f"({self.archived_bytes / 1e6:.1f} MB), decoded {self.decoded_changes} changes, "
+                f"merged {merged} rows into {len(self.merged)} tables, quarantined {self.quarantined} values, "
+                f"end LSN {self.end_lsn}, slot lag {lag} bytes ({self.wal_status}), {self.seconds:.1f}s")
+
+
+def lake_versions(cfg: Config, source_name: str) -> dict[str, Any]:
+    """Latest Delta version of every table the run writes, so the report can tell this run's commits apart."""
+    paths = LakePaths.of(cfg.lake, source_name)
+
+    def latest(path: str) -> int:
+        return next((c.version for c in delta_log.commits(path)), -1)
+
+    return {
+        "changes": latest(paths.changes),
+        "quarantine": latest(paths.quarantine),
+        "gold": {f"{s}.{t}": latest(paths.gold(s, t)) for s, t in delta_log.gold_tables(paths.root)},
+    }
+
+
+def task_preflight(cfg: Config, source_name: str) -> dict[str, Any]:
+    """Check the source is ready (creates the publication/slot when missing); fails fast with the fix to apply."""
+    from slotlake.source.preflight import run_preflight
+
+    report = run_preflight(cfg, cfg.source(source_name))
+    return plain(report)
+
+
+def task_extract(cfg: Config, source_name: str) -> dict[str, Any]:
+    """Archive the slot's changes into bronze and advance the slot. Returns what the report needs."""
+    from slotlake.source.extract import extract
+
+    before = lake_versions(cfg, source_name)
+    started = time.time()
+    result = extract(cfg, cfg.source(source_name))
+    out = plain(result)
+    out["lake_versions"] = before
+    out["started_at"] = started
+    return out
+
+
+def task_decode(cfg: Config, source_name: str) -> None:
+    run_spark_app(spark_app(cfg, source_name, "decode"))
+
+
+def task_merge(cfg: Config, source_name: str, tables: Sequence[str] | None = None) -> None:
+    run_spark_app(spark_app(cfg, source_name, "merge", tables=tables))
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, (list, tuple)):
+        return len(value)
+    return int(value or 0)
+
+
+def _table_merge(path: str, table: str, since: int) -> TableMerge:
+    inserted = updated = deleted = 0
+    for c in delta_log.commits(path):
+        if c.version <= since:
+            break
+        m = c.metrics
+        if c.operation == "MERGE":
+            inserted += m.get("numTargetRowsInserted", 0)
+            updated += m.get("numTargetRowsUpdated", 0)
+            deleted += m.get("numTargetRowsDeleted", 0)
+        elif c.operation in ("DELETE", "TRUNCATE"):
+            deleted += m.get("numDeletedRows", 0)
+        else:  # WRITE / CREATE TABLE AS SELECT / REPLACE: rows written
+            inserted += m.get("numOutputRows", 0)
+    last = delta_log.latest_slotlake_commit(path, "merge")
+    return TableMerge(table=table, applied_lsn=last.end_lsn if last else None,
+                      gold_version=last.version if last else None,
+                      inserted=inserted, updated=updated, deleted=deleted)
+
+
+def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) -> SyncReport:
+    """Summarise the run from the lake's Delta logs and the slot's state, and log the one summary line."""
+    from slotlake.source.status import slot_status
+
+    paths = LakePaths.of(cfg.lake, source_name)
+    before = extracted.get("lake_versions") or {}
+    since_gold: Mapping[str, int] = before.get("gold") or {}
+    decoded = sum(c.metrics.get("numOutputRows", 0) for c in delta_log.commits(paths.changes)
+                  if c.version > before.get("changes", -1))
+    quarantined = sum(c.metrics.get("numOutputRows", 0) for c in delta_log.commits(paths.quarantine)
+                      if c.version > before.get("quarantine", -1))
+    merged = []
+    for schema, table in delta_log.gold_tables(paths.root):
+        name = f"{schema}.{table}"
+        t = _table_merge(paths.gold(schema, table), name, since_gold.get(name, -1))
+        if t.inserted or t.updated or t.deleted or since_gold.get(name, -1) < (t.gold_version or -1):
+            merged.append(t)
+    status = plain(slot_status(cfg.source(source_name)))
+    started = float(extracted.get("started_at") or time.time())
+    report = SyncReport(
+        source=source_name,
+        archived_files=_count(extracted.get("files")),
+        archived_changes=_count(extracted.get("rows")),
+        archived_bytes=_count(extracted.get("bytes")),
+        decoded_changes=decoded,
+        merged=tuple(merged),
+        quarantined=quarantined,
+        end_lsn=extracted.get("end_lsn"),
+        slot_lag_bytes=status.get("lag_bytes"),
+        wal_status=status.get("wal_status"),
+        seconds=round(time.time() - started, 1),
+        slot=status,
+    )
+    log.info("%s", report.summary())
+    return report
+
+
+def task_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) -> dict[str, Any]:
+    out = build_report(cfg, source_name, extracted).as_dict()
+    out["finished_at"] = datetime.now(timezone.utc).isoformat()
+    return out
+
+
+def sync(cfg: Config, source_name: str) -> SyncReport:
+    """Bring one source's lake up to date: the same steps, in the same order, as the sync DAG."""
+    task_preflight(cfg, source_name)
+    extracted = task_extract(cfg, source_name)
+    task_decode(cfg, source_name)
+    task_merge(cfg, source_name)
+    return build_report(cfg, source_name, extracted)

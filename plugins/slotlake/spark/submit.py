@@ -1,0 +1,149 @@
+"""One description of a Spark app run, used by both front ends.
+
+The CLI runs `spark_submit_command(app)` in a subprocess (`run_spark_app`); the Airflow DAG feeds the same
+`SparkApp` fields to `SparkSubmitOperator` (see `slotlake.airflow.dag_factory`). Either way the app is
+`spark_apps/<stage>.py --config F --source S`, submitted with this venv's `spark-submit`, the Delta jars from
+`spark_conf()`, and the slotlake package shipped as a zip for masters that are not local.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Mapping, Sequence
+
+from slotlake.config import Config
+from slotlake.errors import ConfigError, SlotlakeError
+from slotlake.spark.session import REPO_ROOT, spark_conf
+
+log = logging.getLogger(__name__)
+
+Stage = Literal["decode", "merge"]
+APPS_DIR = REPO_ROOT / "spark_apps"
+PACKAGE_DIR = REPO_ROOT / "plugins" / "slotlake"
+_TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class SparkApp:
+    """Everything needed to submit one slotlake Spark app, independent of who submits it."""
+
+    name: str  # Spark application name, e.g. slotlake-decode-shop
+    application: str  # path of the Python entry point under spark_apps/
+    args: tuple[str, ...]
+    master: str
+    conf: Mapping[str, str]  # without spark.master: the master travels as --master (or the Airflow connection)
+    ship_code: bool  # True: the slotlake package goes to the cluster as a --py-files zip
+    env: Mapping[str, str] = field(default_factory=dict)
+    spark_submit: str = ""
+
+
+def is_local_master(master: str) -> bool:
+    """local, local[N], local[*], local[N,F]: driver and executors share this machine and its venv."""
+    return master == "local" or master.startswith("local[")
+
+
+def default_spark_submit() -> str:
+    """The spark-submit of this Python environment (pyspark's), so Spark and the driver Python match."""
+    return str(Path(sys.prefix) / "bin" / "spark-submit")
+
+
+def spark_app(cfg: Config, source_name: str, stage: Stage, *, tables: Sequence[str] | None = None) -> SparkApp:
+    """Describe the decode or merge app run for one source. The config must come from a file (its path is an arg)."""
+    cfg.source(source_name)  # unknown source -> ConfigError naming the known ones
+    if not cfg.path:
+        raise ConfigError("the Spark apps read the config from a file: load it with load_config(path)")
+    application = APPS_DIR / f"{stage}.py"
+    args: list[str] = ["--config", cfg.path, "--source", source_name]
+    if tables:
+        args += ["--tables", ",".join(tables)]
+    conf = spark_conf(cfg.spark.master, cfg.spark.conf)
+    master = conf.pop("spark.master")
+    env = {
+        "SLOTLAKE_UNDER_SPARK_SUBMIT": "1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+    }
+    if cfg.path:
+        env["SLOTLAKE_CONFIG"] = cfg.path
+    return SparkApp(name=f"slotlake-{stage}-{source_name}", application=str(application), args=tuple(args),
+                    master=master, conf=conf, ship_code=not is_local_master(master), env=env,
+                    spark_submit=cfg.spark.spark_submit or default_spark_submit())
+
+
+def code_zip() -> str:
+    """Build (or reuse) the zip of plugins/slotlake that --py-files ships to a cluster; returns its path.
+
+    Named by a hash of the sources, so it is built once per code version and a concurrent run never sees a
+    half-written file (written to a temp name, then renamed).
+    """
+    files = sorted(p for p in PACKAGE_DIR.rglob("*.py") if "__pycache__" not in p.parts)
+    digest = hashlib.sha256()
+    for p in files:
+        digest.update(str(p.relative_to(PACKAGE_DIR)).encode())
+        digest.update(p.read_bytes())
+    out_dir = Path(os.environ.get("SLOTLAKE_WORK_DIR", tempfile.gettempdir())) / "slotlake-pyfiles"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"slotlake-{digest.hexdigest()[:16]}.zip"
+    if not target.exists():
+        tmp = out_dir / f".{target.name}.{os.getpid()}.tmp"
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+            for p in files:
+                zf.write(p, str(Path("slotlake") / p.relative_to(PACKAGE_DIR)))
+        os.replace(tmp, target)
+        log.info("built %s (%d modules) for --py-files", target, len(files))
+    return str(target)
+
+
+def spark_submit_command(app: SparkApp, *, py_files: str | None = None) -> list[str]:
+    """The spark-submit command line for `app`. `py_files` defaults to `code_zip()` when the app ships code."""
+    cmd = [app.spark_submit, "--master", app.master, "--name", app.name]
+    for k, v in app.conf.items():
+        cmd += ["--conf", f"{k}={v}"]
+    if app.ship_code:
+        cmd += ["--py-files", py_files or code_zip()]
+    cmd += [app.application, *app.args]
+    return cmd
+
+
+_ERROR_LINE = re.compile(r"(Error|Exception)(:|\b)")
+
+
+def failure_line(lines: Sequence[str]) -> str:
+    """The line of a failed app's output that says why: the last exception line, else the last line."""
+    for line in reversed(lines):
+        s = line.strip()
+        if s and _ERROR_LINE.search(s) and not s.startswith(("at ", "File ", "Traceback")):
+            return s
+    return next((line.strip() for line in reversed(lines) if line.strip()), "(no output)")
+
+
+def run_spark_app(app: SparkApp) -> None:
+    """Run `app` with spark-submit, streaming its output to the log; raise SlotlakeError if it fails."""
+    cmd = spark_submit_command(app)
+    if not Path(app.spark_submit).exists():
+        raise SlotlakeError(f"spark-submit not found at {app.spark_submit}; run scripts/setup.sh "
+                            "or set spark.spark_submit in the config")
+    log.info("submitting %s to %s", app.name, app.master)
+    env = {**os.environ, **app.env}
+    tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          errors="replace") as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            log.info("[%s] %s", app.name, line)
+        rc = proc.wait()
+    if rc != 0:
+        log.error("%s failed with exit code %d; last output:\n%s", app.name, rc, "\n".join(tail))
+        raise SlotlakeError(f"Spark app {app.name} failed (exit {rc}): {failure_line(list(tail))}")
+    log.info("%s finished", app.name)
