@@ -1,0 +1,229 @@
+"""Preflight: check the source can be synced, and create what is missing (publication, slot).
+
+Order matters: the publication is created (or completed) before the slot, because pgoutput looks publications
+up in the catalog as of each decoded change; a slot older than its publication fails to decode.
+Every failure is a PreflightError (SlotLostError for a lost slot) whose message says what to do.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from slotlake import bronze
+from slotlake.config import Config, SourceConfig
+from slotlake.errors import PreflightError, SlotLostError
+from slotlake.source.connection import connect, redact, resolve_dsn
+from slotlake.source.slot import PLUGIN, SlotInfo, create_slot, current_wal_lsn, server_version_num, slot_info
+
+log = logging.getLogger(__name__)
+
+MIN_SERVER_VERSION = 140000
+_IDENTITY_NAMES = {"d": "DEFAULT", "n": "NOTHING", "f": "FULL", "i": "USING INDEX"}
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    """A published table: `replica_identity` is pgoutput's letter (d, n, f, i); `key_columns` are the columns
+    that identify a row in updates and deletes (empty for FULL, where the whole old row is the key, and NOTHING)."""
+
+    name: str  # schema.table
+    oid: int
+    replica_identity: str
+    key_columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PreflightReport:
+    source: str
+    server_version: str
+    server_version_num: int
+    tables: tuple[TableInfo, ...]
+    publication: str
+    publication_created: bool
+    tables_added: tuple[str, ...]  # configured tables that were added to an existing publication
+    slot: SlotInfo
+    slot_created: bool
+    retained_wal_bytes: int | None
+    warnings: tuple[str, ...]
+
+
+def _split(name: str) -> tuple[str, str]:
+    schema, _, table = name.partition(".")
+    return schema, table
+
+
+def _table_ident(name: str) -> sql.Composable:
+    return sql.Identifier(*_split(name))
+
+
+def _check_server(conn: psycopg.Connection, source: SourceConfig) -> tuple[str, int]:
+    version = server_version_num(conn)
+    text = conn.execute("SHOW server_version").fetchone()[0]
+    if version < MIN_SERVER_VERSION:
+        raise PreflightError(f"source {source.name}: PostgreSQL {text} is too old; slotlake needs 14 or newer")
+    wal_level = conn.execute("SHOW wal_level").fetchone()[0]
+    if wal_level != "logical":
+        raise PreflightError(f"source {source.name}: wal_level is {wal_level!r}; logical decoding needs "
+                             "wal_level=logical: set wal_level=logical (ALTER SYSTEM SET wal_level = logical) "
+                             "and restart PostgreSQL")
+    return text, version
+
+
+def _check_role(conn: psycopg.Connection, source: SourceConfig) -> str:
+    user, replication, superuser = conn.execute(
+        "SELECT rolname, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+    if not (replication or superuser):
+        raise PreflightError(f"source {source.name}: role {user} may not use replication slots; "
+                             f"run ALTER ROLE {user} REPLICATION (as a superuser), or connect as a role that has it")
+    return user
+
+
+def _publication(conn: psycopg.Connection, name: str) -> tuple[bool, list[str]] | None:
+    """(puballtables, published tables as schema.table) or None if the publication does not exist."""
+    row = conn.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
+    if row is None:
+        return None
+    tables = [f"{s}.{t}" for s, t in conn.execute(
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2", (name,))]
+    return row[0], tables
+
+
+def _table_info(conn: psycopg.Connection, source: SourceConfig, name: str, user: str) -> TableInfo:
+    schema, table = _split(name)
+    row = conn.execute(
+        "SELECT c.oid, c.relreplident, c.relkind, has_table_privilege(c.oid, 'SELECT') "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+        (schema, table)).fetchone()
+    if row is None or row[2] not in ("r", "p"):
+        raise PreflightError(f"source {source.name}: table {name} does not exist in this database; "
+                             f"create it, or remove it from sources.{source.name}.tables")
+    oid, identity, _, can_select = row
+    if not can_select:
+        raise PreflightError(f"source {source.name}: role {user} has no SELECT on {name}; "
+                             f"run GRANT SELECT ON {name} TO {user}")
+    keys: tuple[str, ...] = ()
+    if identity in ("d", "i"):
+        # DEFAULT uses the primary key; USING INDEX the index flagged indisreplident.
+        flag = "indisprimary" if identity == "d" else "indisreplident"
+        keys = tuple(r[0] for r in conn.execute(
+            f"SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, pos) "
+            f"JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+            f"WHERE i.indrelid = %s AND i.{flag} ORDER BY k.pos", (oid,)))
+        if not keys:
+            what = "no primary key" if identity == "d" else "its replica identity index is missing"
+            raise PreflightError(
+                f"source {source.name}: table {name} has REPLICA IDENTITY {_IDENTITY_NAMES[identity]} but {what}, "
+                f"so its updates and deletes cannot be matched; add a primary key, or run "
+                f"ALTER TABLE {name} REPLICA IDENTITY FULL")
+    return TableInfo(name=name, oid=oid, replica_identity=identity, key_columns=keys)
+
+
+def _ensure_publication(conn: psycopg.Connection, source: SourceConfig) -> tuple[list[str], bool, tuple[str, ...],
+                                                                                 list[str]]:
+    """Create or complete the publication; returns (tables, created, added, warnings)."""
+    pub = source.publication
+    warnings: list[str] = []
+    existing = _publication(conn, pub)
+    if existing is None:
+        if not source.tables:
+            raise PreflightError(f"source {source.name}: publication {pub} does not exist and no tables are "
+                                 f"configured; set sources.{source.name}.tables (slotlake then creates the "
+                                 f"publication) or set sources.{source.name}.publication to an existing one")
+        stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+            sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in source.tables))
+        try:
+            conn.execute(stmt)
+        except psycopg.errors.InsufficientPrivilege as e:
+            raise PreflightError(f"source {source.name}: cannot create publication {pub}: {e.diag.message_primary}; "
+                                 f"ask a table owner or superuser to run: {stmt.as_string(conn)}") from None
+        log.info("source %s: created publication %s for %s", source.name, pub, ", ".join(source.tables))
+        return list(source.tables), True, (), warnings
+    all_tables, published = existing
+    if not source.tables:
+        if not published:
+            raise PreflightError(f"source {source.name}: publication {pub} has no tables; add tables to it "
+                                 f"(ALTER PUBLICATION {pub} ADD TABLE ...) or set sources.{source.name}.tables")
+        return published, False, (), warnings
+    missing = tuple(t for t in source.tables if t not in published)
+    if missing and not all_tables:
+        stmt = sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+            sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in missing))
+        try:
+            conn.execute(stmt)
+        except psycopg.errors.InsufficientPrivilege as e:
+            raise PreflightError(f"source {source.name}: cannot add {', '.join(missing)} to publication {pub}: "
+                                 f"{e.diag.message_primary}; ask a table owner or superuser to run: "
+                                 f"{stmt.as_string(conn)}") from None
+        log.info("source %s: added %s to publication %s", source.name, ", ".join(missing), pub)
+        warnings.append(f"added {', '.join(missing)} to publication {pub}: changes are captured from now on; "
+                        "rows that existed before need an initial copy")
+    return list(source.tables), False, missing, warnings
+
+
+def _check_slot(conn: psycopg.Connection, cfg: Config, source: SourceConfig) -> tuple[SlotInfo, bool]:
+    info = slot_info(conn, source.slot)
+    root = f"{cfg.lake.rstrip('/')}/{source.name}"
+    if info is None:
+        archived = bronze.max_archived_end(root)
+        if archived is not None:
+            raise SlotLostError(
+                f"slot {source.slot} is missing but bronze holds changes up to {archived}: the slot existed and "
+                f"was dropped, so the changes after {archived} are lost; run `slotlake resync {source.name}`")
+        create_slot(conn, source.slot)
+        log.info("source %s: created replication slot %s", source.name, source.slot)
+        info = slot_info(conn, source.slot)
+        assert info is not None
+        return info, True
+    database = conn.execute("SELECT current_database()").fetchone()[0]
+    if info.slot_type != "logical" or info.plugin != PLUGIN:
+        raise PreflightError(f"source {source.name}: slot {source.slot} exists but is a {info.slot_type} slot with "
+                             f"plugin {info.plugin!r}, not a logical pgoutput slot; set sources.{source.name}.slot "
+                             f"to another name, or drop it (SELECT pg_drop_replication_slot('{source.slot}'))")
+    if info.database != database:
+        raise PreflightError(f"source {source.name}: slot {source.slot} belongs to database {info.database!r}, "
+                             f"not {database!r}; set sources.{source.name}.slot to a name of its own")
+    if info.invalidated:
+        raise SlotLostError(
+            f"slot {source.slot} was invalidated ({info.invalidated}): the server removed WAL the slot still "
+            f"needed, so changes after {info.confirmed_flush_lsn} are lost; run `slotlake resync {source.name}`"
+            if info.invalidated == "wal_removed" else
+            f"slot {source.slot} was invalidated ({info.invalidated}): it can no longer be read; "
+            f"run `slotlake resync {source.name}`")
+    return info, False
+
+
+def run_preflight(cfg: Config, source: SourceConfig) -> PreflightReport:
+    """Check the source database and prepare it (publication, slot). Raises PreflightError / SlotLostError."""
+    dsn = resolve_dsn(source)
+    log.info("source %s: preflight against %s", source.name, redact(dsn))
+    with connect(source) as conn:
+        version_text, version = _check_server(conn, source)
+        user = _check_role(conn, source)
+        if source.tables:
+            for t in source.tables:  # fail on a missing table before touching the publication
+                _table_info(conn, source, t, user)
+        tables, pub_created, added, warnings = _ensure_publication(conn, source)
+        infos = tuple(_table_info(conn, source, t, user) for t in tables)
+        for t in infos:
+            if t.replica_identity == "n":
+                warnings.append(f"{t.name} has REPLICA IDENTITY NOTHING: it is synced insert-only (PostgreSQL "
+                                "rejects its updates and deletes while the publication publishes them)")
+        slot, slot_created = _check_slot(conn, cfg, source)
+        retained = None
+        if slot.restart_lsn is not None:
+            retained = current_wal_lsn(conn) - slot.restart_lsn
+            limit = cfg.extract.warn_retained_wal_mb * 1024 * 1024
+            if retained > limit:
+                warnings.append(f"slot {source.slot} retains {retained / 1024 / 1024:.0f} MB of WAL (more than "
+                                f"extract.warn_retained_wal_mb = {cfg.extract.warn_retained_wal_mb}); run syncs "
+                                "more often or raise extract.upto_nchanges / max_calls")
+    for w in warnings:
+        log.warning("source %s: %s", source.name, w)
+    return PreflightReport(source=source.name, server_version=version_text, server_version_num=version,
+                           tables=infos, publication=source.publication, publication_created=pub_created,
+                           tables_added=added, slot=slot, slot_created=slot_created, retained_wal_bytes=retained,
+                           warnings=tuple(warnings))
+

@@ -1,0 +1,95 @@
+"""Replication slot SQL: read a slot's state, create it, advance it. All slot SQL lives here."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import psycopg
+
+from slotlake.lsn import Lsn
+
+log = logging.getLogger(__name__)
+
+PLUGIN = "pgoutput"
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    """One row of pg_replication_slots. Version-dependent columns are None where the server lacks them."""
+
+    name: str
+    plugin: str | None
+    slot_type: str
+    database: str | None
+    active: bool
+    wal_status: str | None  # reserved | extended | unreserved | lost
+    restart_lsn: Lsn | None
+    confirmed_flush_lsn: Lsn | None
+    conflicting: bool | None = None  # PG 16+
+    invalidation_reason: str | None = None  # PG 17+
+
+    @property
+    def invalidated(self) -> str | None:
+        """Why the slot can no longer be used (None if it can)."""
+        if self.invalidation_reason:
+            return self.invalidation_reason
+        if self.wal_status == "lost":
+            return "wal_removed"
+        if self.conflicting:
+            return "conflicting with recovery"
+        return None
+
+
+def server_version_num(conn: psycopg.Connection) -> int:
+    return int(conn.execute("SHOW server_version_num").fetchone()[0])
+
+
+def _lsn(value: object) -> Lsn | None:
+    return None if value is None else Lsn.parse(str(value))
+
+
+def slot_info(conn: psycopg.Connection, slot: str) -> SlotInfo | None:
+    """The slot's state, or None when no slot of that name exists."""
+    version = server_version_num(conn)
+    extra = []
+    if version >= 160000:
+        extra.append("conflicting")
+    if version >= 170000:
+        extra.append("invalidation_reason")
+    cols = ", ".join(["slot_name", "plugin", "slot_type", "database", "active", "wal_status",
+                      "restart_lsn::text", "confirmed_flush_lsn::text", *extra])
+    row = conn.execute(f"SELECT {cols} FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+    if row is None:
+        return None
+    named = dict(zip(["conflicting", "invalidation_reason"], row[8:]))
+    return SlotInfo(name=row[0], plugin=row[1], slot_type=row[2], database=row[3], active=row[4],
+                    wal_status=row[5], restart_lsn=_lsn(row[6]), confirmed_flush_lsn=_lsn(row[7]),
+                    conflicting=named.get("conflicting"), invalidation_reason=named.get("invalidation_reason"))
+
+
+def create_slot(conn: psycopg.Connection, slot: str) -> Lsn:
+    """Create a logical slot with pgoutput in the connection's database; returns its consistent point."""
+    row = conn.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)", (slot, PLUGIN)).fetchone()
+    lsn = Lsn.parse(row[0])
+    log.info("created replication slot %s (pgoutput) at %s", slot, lsn)
+    return lsn
+
+
+def advance_slot(conn: psycopg.Connection, slot: str, lsn: Lsn) -> Lsn:
+    """Move the slot's confirmed position to `lsn` (never backwards; PostgreSQL ignores an earlier LSN).
+
+    Returns the position the slot reports afterwards.
+    """
+    row = conn.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
+                       (slot, str(lsn))).fetchone()
+    return Lsn.parse(row[0])
+
+
+def current_wal_lsn(conn: psycopg.Connection) -> Lsn:
+    """The current WAL insert position (what `status` compares the slot against)."""
+    return Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+
+
+def current_flush_lsn(conn: psycopg.Connection) -> Lsn:
+    """The WAL position flushed to disk: logical decoding never reads past it, so a run's `upto_lsn`."""
+    return Lsn.parse(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
