@@ -109,6 +109,7 @@ def task_extract(cfg: Config, source_name: str) -> dict[str, Any]:
     started = time.time()
     result = extract(cfg, cfg.source(source_name))
     out = plain(result)
+    out["files"] = len(result.files)  # the names can be many; XCom keeps small values
     out["lake_versions"] = before
     out["started_at"] = started
     return out

@@ -48,3 +48,20 @@ def migrate(env: Mapping[str, str]) -> None:
     """Create or upgrade the SQLite metadata DB (idempotent)."""
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     run_airflow(env, "db", "migrate")
+
+
+def dags_test(env: Mapping[str, str], dag_id: str, logical_date: str | None = None) -> str:
+    """Run one DAG run in-process with `airflow dags test` and return its output; raise if the run failed.
+
+    The full output is also kept in $AIRFLOW_HOME/dags-test-<dag_id>.log for reading after a failure.
+    """
+    args = ["dags", "test", dag_id, *([logical_date] if logical_date else [])]
+    proc = run_airflow(env, *args, check=False)
+    out = proc.stdout + proc.stderr
+    log_file = Path(env["AIRFLOW_HOME"]) / f"dags-test-{dag_id}.log"
+    log_file.write_text(out)
+    if proc.returncode != 0:
+        failed = [line.strip() for line in out.splitlines() if "slotlake: error" in line or "Error" in line][-5:]
+        raise SlotlakeError(f"airflow dags test {dag_id} failed (exit {proc.returncode}); full output in {log_file}; "
+                            f"last errors: {' | '.join(failed) or '(none printed)'}")
+    return out

@@ -118,7 +118,10 @@ _ERROR_LINE = re.compile(r"(Error|Exception)(:|\b)")
 
 
 def failure_line(lines: Sequence[str]) -> str:
-    """The line of a failed app's output that says why: the last exception line, else the last line."""
+    """The line of a failed app's output that says why: the app's own message or the last exception line."""
+    for line in reversed(lines):
+        if line.startswith("slotlake "):
+            return line.strip()
     for line in reversed(lines):
         s = line.strip()
         if s and _ERROR_LINE.search(s) and not s.startswith(("at ", "File ", "Traceback")):

@@ -1,0 +1,130 @@
+"""The end-to-end oracle: a gold Delta table must equal its PostgreSQL table, row by row.
+
+`assert_gold_equals_pg(spark_or_none, gold_path, dsn, "public.orders")` reads both sides typed (PostgreSQL through
+psycopg with UTC session settings, gold through Spark's Arrow export so timestamps and decimals arrive exact),
+turns every value into a canonical text form, and compares the two rows as multisets (duplicate rows count: a
+REPLICA IDENTITY FULL table may hold identical rows). Columns the pipeline adds (`_slotlake_*`) are ignored;
+rows marked `_slotlake_deleted` (delete_mode soft) are left out. Column sets must match exactly.
+
+Where the PostgreSQL type has a natural Spark type, the gold value's Python type is checked too (an int column
+stored as text fails even if the text matches). Other types compare through PostgreSQL's text form.
+"""
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import decimal
+import json
+import math
+import uuid
+from typing import Any
+
+import psycopg
+
+# PostgreSQL type name -> the Python types a correct gold value may have (as read from Arrow).
+_TYPED: dict[str, tuple[type, ...]] = {
+    "int2": (int,), "int4": (int,), "int8": (int,), "oid": (int,),
+    "float4": (float,), "float8": (float,),
+    "bool": (bool,),
+    "numeric": (decimal.Decimal,),
+    "date": (dt.date,),
+    "timestamp": (dt.datetime,), "timestamptz": (dt.datetime,),
+    "bytea": (bytes,),
+    "text": (str,), "varchar": (str,), "bpchar": (str,), "name": (str,),
+    "json": (str, dict, list), "jsonb": (str, dict, list),
+    "uuid": (str, uuid.UUID),
+}
+
+
+def canonical(value: Any, pg_type: str) -> str | None:
+    """One text form per value, equal on both sides exactly when the values are equal."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        return repr(float(value)) if pg_type == "float8" else repr(float(f"{value:.9g}"))
+    if isinstance(value, decimal.Decimal):
+        if value.is_nan():
+            return "NaN"
+        return format(value.normalize(), "f") if value != 0 else "0"
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return value.isoformat(sep=" ", timespec="microseconds")
+    if isinstance(value, (dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    if pg_type in ("json", "jsonb"):
+        parsed = json.loads(value) if isinstance(value, str) else value
+        return json.dumps(parsed, sort_keys=True, separators=(",", ":"))
+    if isinstance(value, (list, tuple)):
+        return json.dumps([canonical(v, pg_type.lstrip("_")) for v in value])
+    if isinstance(value, dict):
+        return json.dumps({str(k): canonical(v, "") for k, v in sorted(value.items())})
+    return str(value)
+
+
+def pg_columns(conn: psycopg.Connection, table: str) -> list[tuple[str, str]]:
+    """(column, type name) in table order, dropped columns excluded."""
+    schema, _, name = table.partition(".")
+    rows = conn.execute(
+        """SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+           JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_type t ON t.oid = a.atttypid
+           WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum""",
+        (schema, name)).fetchall()
+    assert rows, f"table {table} not found in PostgreSQL"
+    return [(r[0], r[1]) for r in rows]
+
+
+def pg_rows(dsn: str, table: str) -> tuple[list[tuple[str, str]], list[tuple]]:
+    with psycopg.connect(dsn, options="-c TimeZone=UTC -c extra_float_digits=3") as conn:
+        cols = pg_columns(conn, table)
+        select = ", ".join(f'"{c}"' if t in _TYPED else f'"{c}"::text' for c, t in cols)
+        schema, _, name = table.partition(".")
+        rows = conn.execute(f'SELECT {select} FROM "{schema}"."{name}"').fetchall()
+    return cols, rows
+
+
+def gold_rows(spark: Any, gold_path: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """Gold's rows through Arrow (exact decimals, UTC timestamps), soft-deleted rows left out."""
+    df = spark.read.format("delta").load(gold_path)
+    if "_slotlake_deleted" in df.columns:
+        df = df.where("NOT coalesce(_slotlake_deleted, false)")
+    data = [c for c in df.columns if not c.startswith("_slotlake_")]
+    return data, df.select(*data).toArrow().to_pylist()
+
+
+def assert_gold_equals_pg(spark: Any | None, gold_path: str, dsn: str, table: str) -> int:
+    """Assert gold == PostgreSQL for `table` (schema.table); returns the row count compared."""
+    if spark is None:
+        from slotlake.spark.session import get_spark
+
+        spark = get_spark("slotlake-oracle", "local[2]")
+    cols, want_rows = pg_rows(dsn, table)
+    gold_cols, got_rows = gold_rows(spark, gold_path)
+    assert sorted(gold_cols) == sorted(c for c, _ in cols), (
+        f"{table}: gold columns {sorted(gold_cols)} != PostgreSQL columns {sorted(c for c, _ in cols)}")
+    for row in got_rows:
+        for c, t in cols:
+            v = row[c]
+            if v is not None and t in _TYPED:
+                assert isinstance(v, _TYPED[t]) and not (t != "bool" and isinstance(v, bool)), (
+                    f"{table}.{c}: PostgreSQL type {t} landed in gold as {type(v).__name__} ({v!r})")
+    want = collections.Counter(tuple(canonical(v, t) for v, (_, t) in zip(r, cols)) for r in want_rows)
+    got = collections.Counter(tuple(canonical(r[c], t) if t in _TYPED else (None if r[c] is None else str(r[c]))
+                                    for c, t in cols) for r in got_rows)
+    if want != got:
+        missing = list((want - got).elements())[:5]
+        extra = list((got - want).elements())[:5]
+        names = [c for c, _ in cols]
+        raise AssertionError(
+            f"{table}: gold differs from PostgreSQL ({sum(want.values())} rows in PostgreSQL, "
+            f"{sum(got.values())} in gold)\ncolumns: {names}\nin PostgreSQL, not gold: {missing}\n"
+            f"in gold, not PostgreSQL: {extra}")
+    return sum(want.values())
