@@ -1,0 +1,181 @@
+"""Planning a gold merge: pure decisions made on the driver before Spark touches the data.
+
+From a table's shape in the batch (columns, types, key flags, replica identity) and the source settings this
+decides how rows are identified (`KeyStrategy`), what the gold schema is, and which Delta commit settings make
+the merge an idempotent, watermarked commit (DESIGN.md invariant 4).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from pyspark.sql.types import BooleanType, DataType, IntegerType, LongType, StructField, StructType, TimestampType
+
+from slotlake.decode.types import spark_type
+from slotlake.errors import MergeError
+from slotlake.lsn import Lsn
+
+LSN_COL = "_slotlake_lsn"
+COMMIT_TS_COL = "_slotlake_commit_ts"
+DELETED_COL = "_slotlake_deleted"
+DUP_COL = "_slotlake_dup"
+
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+
+
+class KeyStrategy(str, Enum):
+    """How a change finds its gold row."""
+
+    KEYED = "keyed"  # REPLICA IDENTITY DEFAULT / USING INDEX: the key-flagged columns
+    FULL_ROW = "full_row"  # REPLICA IDENTITY FULL: the whole old row, identical rows told apart by _slotlake_dup
+    INSERT_ONLY = "insert_only"  # REPLICA IDENTITY NOTHING: updates and deletes cannot be applied
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """A table's definition as the silver rows of one batch carry it."""
+
+    schema_name: str
+    table_name: str
+    columns: tuple[str, ...]
+    type_oids: tuple[int, ...]
+    typmods: tuple[int, ...]
+    key_columns: tuple[str, ...]
+    replica_identity: str  # d, n, f, i
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema_name}.{self.table_name}"
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    """Everything the Spark job needs to merge one table."""
+
+    shape: TableShape
+    strategy: KeyStrategy
+    key_positions: tuple[int, ...]  # indexes into shape.columns (KEYED only)
+    soft_delete: bool
+
+    @property
+    def gold_schema(self) -> StructType:
+        return gold_schema(self.shape, self.strategy, self.soft_delete)
+
+
+def plan_table(shape: TableShape, delete_mode: str) -> TablePlan:
+    """Choose the key strategy; reject shapes no merge can apply correctly."""
+    if len(set(shape.columns)) != len(shape.columns):
+        raise MergeError(f"{shape.qualified}: duplicate column names in {list(shape.columns)}")
+    if not (len(shape.columns) == len(shape.type_oids) == len(shape.typmods)):
+        raise MergeError(f"{shape.qualified}: silver rows have columns, type_oids and typmods of different lengths")
+    reserved = [c for c in shape.columns if c.startswith("_slotlake_")]
+    if reserved:
+        raise MergeError(f"{shape.qualified}: column(s) {reserved} use the reserved prefix _slotlake_; rename them")
+    ri = shape.replica_identity
+    if ri == "f":
+        strategy, keys = KeyStrategy.FULL_ROW, ()
+    elif ri == "n":
+        strategy, keys = KeyStrategy.INSERT_ONLY, ()
+    elif ri in ("d", "i"):
+        missing = [k for k in shape.key_columns if k not in shape.columns]
+        if missing:
+            raise MergeError(f"{shape.qualified}: key columns {missing} are not among the columns {list(shape.columns)}")
+        if not shape.key_columns:
+            raise MergeError(
+                f"{shape.qualified}: replica identity {'DEFAULT' if ri == 'd' else 'USING INDEX'} but no key column "
+                "(a table without a primary key); give it a primary key or run "
+                f"ALTER TABLE {shape.qualified} REPLICA IDENTITY FULL")
+        strategy = KeyStrategy.KEYED
+        keys = tuple(shape.columns.index(k) for k in shape.key_columns)
+    else:
+        raise MergeError(f"{shape.qualified}: unknown replica identity {ri!r} (expected d, n, f or i)")
+    if delete_mode not in ("hard", "soft"):
+        raise MergeError(f"delete_mode {delete_mode!r} must be hard or soft")
+    return TablePlan(shape=shape, strategy=strategy, key_positions=keys, soft_delete=delete_mode == "soft")
+
+
+def gold_schema(shape: TableShape, strategy: KeyStrategy, soft_delete: bool) -> StructType:
+    """Source columns typed by decode/types.py, then the _slotlake_ columns (docs/internals.md "Gold")."""
+    fields = [StructField(n, spark_type(o, m), True) for n, o, m in zip(shape.columns, shape.type_oids, shape.typmods)]
+    fields += [StructField(LSN_COL, LongType(), False), StructField(COMMIT_TS_COL, TimestampType(), True)]
+    if soft_delete:
+        fields.append(StructField(DELETED_COL, BooleanType(), False))
+    if strategy is KeyStrategy.FULL_ROW:
+        fields.append(StructField(DUP_COL, IntegerType(), False))
+    return StructType(fields)
+
+
+def schema_mismatch(existing: StructType, wanted: StructType) -> str | None:
+    """A description of how an existing gold table differs from the planned one (names and types), or None."""
+    have = [(f.name, _simple(f.dataType)) for f in existing.fields]
+    want = [(f.name, _simple(f.dataType)) for f in wanted.fields]
+    if have == want:
+        return None
+    return f"gold has {have}, the batch needs {want}"
+
+
+def _simple(t: DataType) -> str:
+    return t.simpleString()
+
+
+def merge_app_id(source: str, schema_name: str, table_name: str) -> str:
+    return f"slotlake-merge-{source}-{schema_name}.{table_name}"
+
+
+def merge_commit_conf(source: str, schema_name: str, table_name: str, end_lsn: Lsn) -> dict[str, str]:
+    """Session settings that make the next Delta write idempotent and carry the table's new watermark."""
+    return {
+        TXN_APP_ID: merge_app_id(source, schema_name, table_name),
+        TXN_VERSION: str(int(end_lsn)),
+        USER_METADATA: stage_metadata(end_lsn, "merge"),
+    }
+
+
+def stage_metadata(end_lsn: Lsn, stage: str) -> str:
+    return json.dumps({"slotlake": {"end_lsn": str(end_lsn), "stage": stage}}, separators=(",", ":"))
+
+
+def watermark_of(user_metadata: str | None) -> Lsn | None:
+    """The end LSN a Delta commit's userMetadata records (`{"slotlake": {"end_lsn": "X/Y"}}`), else None."""
+    if not user_metadata:
+        return None
+    try:
+        doc: Any = json.loads(user_metadata)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("slotlake"), dict):
+        return None
+    end = doc["slotlake"].get("end_lsn")
+    if end is None:
+        return None
+    try:
+        return Lsn.parse(end)
+    except (ValueError, TypeError):
+        return None
+
+
+def latest_watermark(history: list[tuple[int, str | None]]) -> Lsn | None:
+    """Given (version, userMetadata) pairs of a Delta table's history, the watermark of the newest slotlake commit."""
+    for _, meta in sorted(history, key=lambda h: h[0], reverse=True):
+        lsn = watermark_of(meta)
+        if lsn is not None:
+            return lsn
+    return None
+
+
+def parse_tables(arg: str | None) -> tuple[tuple[str, str], ...] | None:
+    """`--tables public.a,public.b` -> (("public", "a"), ("public", "b")); None/empty -> None (all tables)."""
+    if not arg:
+        return None
+    out = []
+    for item in arg.split(","):
+        item = item.strip()
+        schema, dot, table = item.partition(".")
+        if not dot or not schema or not table:
+            raise MergeError(f"--tables: {item!r} must be written schema.table, e.g. public.orders")
+        out.append((schema, table))
+    return tuple(out)

@@ -1,0 +1,574 @@
+"""The merge stage: silver/changes -> gold/<schema>/<table>, one Delta commit per table, by replica identity.
+
+For each table the run applies the silver changes with `table watermark < commit_lsn <= run end` (run end =
+silver's watermark) in (commit_lsn, seq) order, as ONE Delta MERGE carrying the idempotent-write settings and the
+new watermark (docs/internals.md "Gold"). All work on changes is Spark DataFrame work; the driver only collects
+small summaries (table shapes, counts, the first offending row of an error).
+
+Keyed tables (REPLICA IDENTITY DEFAULT / USING INDEX) are merged by row *lineage*: a change that updates or deletes
+a row continues the lineage of the change that last wrote that key (possibly under another key, after a key
+change), or starts from the gold row. Unchanged-TOAST columns take the last value written in their lineage (or
+the gold row's). The last event per key then becomes the MERGE source. FULL tables are multisets: per distinct
+row the net count change is applied to copies numbered by `_slotlake_dup`. NOTHING tables are insert-only.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Sequence
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+
+from slotlake.config import Config, SourceConfig
+from slotlake.decode.types import typed_value
+from slotlake.errors import MergeError
+from slotlake.lake import LakePaths
+from slotlake.lsn import Lsn
+from slotlake.merge.plan import (COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, TXN_APP_ID, TXN_VERSION, USER_METADATA,
+                                 KeyStrategy, TablePlan, TableShape, latest_watermark, merge_commit_conf, plan_table,
+                                 schema_mismatch)
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_SCHEMA = StructType([
+    StructField("schema_name", StringType()), StructField("table_name", StringType()),
+    StructField("column_name", StringType()), StructField("type_oid", IntegerType()),
+    StructField("raw_value", StringType()), StructField("reason", StringType()),
+    StructField("commit_lsn", LongType()), StructField("xid", LongType()), StructField("seq", IntegerType()),
+    StructField("detected_at", TimestampType()),
+])
+RUNS_SCHEMA = StructType([
+    StructField("run_end_lsn", LongType()), StructField("schema_name", StringType()),
+    StructField("table_name", StringType()), StructField("gold_version", LongType()),
+    StructField("finished_at", TimestampType()),
+])
+_MAX_LINEAGE_ROUNDS = 64
+
+
+@dataclass(frozen=True)
+class TableMergeResult:
+    schema_name: str
+    table_name: str
+    changes: int  # silver rows of the table in (watermark, run end]
+    gold_version: int | None  # Delta version after the run (None: no gold table yet)
+    rows_inserted: int = 0
+    rows_updated: int = 0
+    rows_deleted: int = 0
+    quarantined: int = 0  # values the gold type cannot hold (raw text in _quarantine)
+    unapplied: int = 0  # updates/deletes of a REPLICA IDENTITY NOTHING table (cannot be applied)
+    truncated: bool = False
+    up_to_date: bool = False  # the table's watermark was already at the run end: nothing done
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    source: str
+    end_lsn: Lsn | None  # None: silver has no decoded changes yet
+    tables: tuple[TableMergeResult, ...]
+
+    @property
+    def quarantined(self) -> int:
+        return sum(t.quarantined for t in self.tables)
+
+    @property
+    def unapplied(self) -> int:
+        return sum(t.unapplied for t in self.tables)
+
+    def summary(self) -> str:
+        changed = sum(t.changes for t in self.tables)
+        return (f"merge {self.source}: {len(self.tables)} table(s) at {self.end_lsn}, {changed} change(s), "
+                f"{self.quarantined} quarantined value(s), {self.unapplied} unapplied change(s)")
+
+
+# ---- watermarks --------------------------------------------------------------------------------------------
+
+def delta_watermark(spark: SparkSession, path: str) -> Lsn | None:
+    """The end LSN recorded by the newest slotlake commit of the Delta table at `path` (None: none/no table)."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    rows = (DeltaTable.forPath(spark, path).history().where(F.col("userMetadata").contains("slotlake"))
+            .select("version", "userMetadata").orderBy(F.col("version").desc()).limit(20).collect())
+    return latest_watermark([(r["version"], r["userMetadata"]) for r in rows])
+
+
+def _latest_version(spark: SparkSession, path: str) -> int:
+    from delta.tables import DeltaTable
+
+    return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
+
+
+# ---- the run -----------------------------------------------------------------------------------------------
+
+def run_merge(spark: SparkSession, cfg: Config, source: str,
+              tables: Sequence[str] | Sequence[tuple[str, str]] | None = None) -> MergeReport:
+    """Merge every table (or `tables`, "schema.table") of `source` up to silver's watermark.
+
+    Guarantees: each table's change is one Delta commit carrying its watermark; re-running is a no-op; `_runs`
+    gets one row per table (also for tables without changes) once every table has merged.
+    Raises MergeError (after the other tables finished) if any table cannot be merged.
+    """
+    from delta.tables import DeltaTable
+
+    src = cfg.source(source)
+    paths = LakePaths.of(cfg.lake, source)
+    end = delta_watermark(spark, paths.changes)
+    if end is None:
+        log.info("merge %s: silver has no decoded changes yet (%s)", source, paths.changes)
+        return MergeReport(source, None, ())
+    silver = spark.read.format("delta").load(paths.changes)
+    names = _table_names(silver, src, end, tables)
+    _ensure_table(spark, paths.quarantine, QUARANTINE_SCHEMA)
+    results: dict[tuple[str, str], TableMergeResult] = {}
+    errors: list[str] = []
+
+    def one(name: tuple[str, str]) -> TableMergeResult:
+        return _merge_table(spark.newSession(), src, paths, name[0], name[1], end)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="slotlake-merge") as pool:
+        futures = {name: pool.submit(one, name) for name in names}
+        for name, fut in futures.items():
+            try:
+                results[name] = fut.result()
+            except MergeError as e:
+                errors.append(str(e))
+            except Exception as e:  # a Spark/Delta failure: keep the table's name with it
+                log.exception("merge of %s.%s failed", *name)
+                errors.append(f"{name[0]}.{name[1]}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    if errors:
+        raise MergeError(f"merge {source} to {end} failed for {len(errors)} table(s): " + " | ".join(errors))
+    finished = datetime.now(timezone.utc)
+    runs = spark.createDataFrame(
+        [(int(end), r.schema_name, r.table_name, r.gold_version, finished) for r in results.values()], RUNS_SCHEMA)
+    _ensure_table(spark, paths.runs, RUNS_SCHEMA)
+    # Keyed by (run end, table) so a re-run adds nothing.
+    (DeltaTable.forPath(spark, paths.runs).alias("t")
+     .merge(runs.alias("s"), "t.run_end_lsn = s.run_end_lsn AND t.schema_name = s.schema_name "
+                              "AND t.table_name = s.table_name")
+     .whenNotMatchedInsertAll().execute())
+    report = MergeReport(source, end, tuple(results[n] for n in names))
+    log.info("%s", report.summary())
+    return report
+
+
+def _table_names(silver: DataFrame, src: SourceConfig, end: Lsn,
+                 tables: Sequence[str] | Sequence[tuple[str, str]] | None) -> list[tuple[str, str]]:
+    if tables:
+        out = []
+        for t in tables:
+            if isinstance(t, str):
+                schema, dot, table = t.partition(".")
+                if not dot:
+                    raise MergeError(f"table {t!r} must be written schema.table, e.g. public.orders")
+                out.append((schema, table))
+            else:
+                out.append((t[0], t[1]))
+        return out
+    if src.tables:
+        return [tuple(t.split(".", 1)) for t in src.tables]  # type: ignore[misc]
+    rows = (silver.where(F.col("commit_lsn") <= int(end)).select("schema_name", "table_name").distinct()
+            .orderBy("schema_name", "table_name").collect())
+    return [(r[0], r[1]) for r in rows]
+
+
+def _ensure_table(spark: SparkSession, path: str, schema: StructType) -> None:
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        spark.createDataFrame([], schema).write.format("delta").mode("ignore").save(path)
+
+
+# ---- one table ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Truncate:
+    commit_lsn: int
+    seq: int
+    commit_ts: datetime
+
+
+def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, schema: str, table: str,
+                 end: Lsn) -> TableMergeResult:
+    from delta.tables import DeltaTable
+
+    name = f"{schema}.{table}"
+    gold = paths.gold(schema, table)
+    exists = DeltaTable.isDeltaTable(session, gold)
+    mark = delta_watermark(session, gold) if exists else None
+    if mark is not None and mark >= end:
+        return TableMergeResult(schema, table, 0, _latest_version(session, gold), up_to_date=True)
+    batch = (session.read.format("delta").load(paths.changes)
+             .where((F.col("schema_name") == schema) & (F.col("table_name") == table)
+                    & (F.col("commit_lsn") <= int(end))))
+    if mark is not None:
+        batch = batch.where(F.col("commit_lsn") > int(mark))
+    stats = batch.agg(
+        F.count(F.lit(1)).alias("n"),
+        F.max(F.when(F.col("op") == "T", F.struct("commit_lsn", "seq", "commit_ts"))).alias("trunc"),
+    ).collect()[0]
+    n = int(stats["n"])
+    if n == 0:
+        return TableMergeResult(schema, table, 0, _latest_version(session, gold) if exists else None)
+    trunc = _Truncate(*stats["trunc"]) if stats["trunc"] is not None else None
+    shapes = (batch.where(F.col("op") != "T")
+              .select("columns", "type_oids", "typmods", "key_columns", "replica_identity").distinct()
+              .limit(3).collect())
+    if len(shapes) > 1:
+        raise MergeError(
+            f"{name}: the table's definition changes within the changes up to {end} "
+            f"({len(shapes)} different column lists / replica identities); schema changes are not supported yet")
+    if not shapes:  # only TRUNCATE in the batch
+        if not exists:
+            return TableMergeResult(schema, table, n, None, truncated=True)
+        existing = DeltaTable.forPath(session, gold).toDF().schema
+        plan = None
+        soft = DELETED_COL in existing.fieldNames()
+    else:
+        s = shapes[0]
+        shape = TableShape(schema, table, tuple(s["columns"]), tuple(s["type_oids"]), tuple(s["typmods"]),
+                           tuple(s["key_columns"] or ()), s["replica_identity"])
+        plan = plan_table(shape, src.delete_mode)
+        soft = plan.soft_delete
+        if exists:
+            diff = schema_mismatch(DeltaTable.forPath(session, gold).toDF().schema, plan.gold_schema)
+            if diff:
+                raise MergeError(f"{name}: gold table {gold} does not match the table's definition in silver ({diff}); "
+                                 "schema changes are not supported yet")
+        else:
+            session.createDataFrame([], plan.gold_schema).write.format("delta").mode("ignore").save(gold)
+
+    after = batch
+    if trunc is not None:  # changes before the (last) TRUNCATE are void: it empties the table at its LSN
+        after = batch.where((F.col("commit_lsn") > trunc.commit_lsn)
+                            | ((F.col("commit_lsn") == trunc.commit_lsn) & (F.col("seq") > trunc.seq)))
+    after = after.where(F.col("op") != "T")
+
+    quarantined = unapplied = 0
+    typed: DataFrame | None = None
+    source_df: DataFrame | None = None
+    try:
+        if plan is not None:
+            typed = _typed(after, plan).persist(StorageLevel.MEMORY_AND_DISK)
+            quarantined = _quarantine(session, src, paths, plan, typed, end)
+            if plan.strategy is KeyStrategy.KEYED:
+                source_df = _keyed_source(plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
+            elif plan.strategy is KeyStrategy.FULL_ROW:
+                source_df = _full_row_source(plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
+            else:
+                unapplied = typed.where(F.col("op").isin("U", "D")).count()
+                if unapplied:
+                    log.warning("%s has REPLICA IDENTITY NOTHING: %d update(s)/delete(s) up to %s cannot be applied",
+                                name, unapplied, end)
+                source_df = typed.where(F.col("op") == "I").select(*_value_cols(plan), *_meta_cols())
+        _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc)
+    finally:
+        if typed is not None:
+            typed.unpersist()
+    version, metrics = _last_commit(session, gold)
+    result = TableMergeResult(
+        schema, table, n, version,
+        rows_inserted=int(metrics.get("numTargetRowsInserted", 0)),
+        rows_updated=int(metrics.get("numTargetRowsUpdated", 0)),
+        rows_deleted=int(metrics.get("numTargetRowsDeleted", 0)),
+        quarantined=quarantined, unapplied=unapplied, truncated=trunc is not None)
+    log.info("merged %s: %d change(s) up to %s -> gold version %s (+%d ~%d -%d rows, %d quarantined)",
+             name, n, end, version, result.rows_inserted, result.rows_updated, result.rows_deleted, quarantined)
+    return result
+
+
+def _last_commit(session: SparkSession, gold: str) -> tuple[int, dict[str, str]]:
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(session, gold).history(1).collect()[0]
+    return int(row["version"]), dict(row["operationMetrics"] or {})
+
+
+# ---- typing ------------------------------------------------------------------------------------------------
+
+def _typed(changes: DataFrame, plan: TablePlan) -> DataFrame:
+    """Add per column i: __n{i} typed new value, __r{i} reason it cannot be held, __u{i} unchanged TOAST flag,
+    and __o{i} typed old value where the strategy needs it (key columns; every column for FULL)."""
+    shape = plan.shape
+    cols: list[Column] = [F.col(c) for c in ("commit_lsn", "seq", "commit_ts", "xid", "op", "old", "new")]
+    need_old = (range(len(shape.columns)) if plan.strategy is KeyStrategy.FULL_ROW else plan.key_positions)
+    for i, (oid, mod) in enumerate(zip(shape.type_oids, shape.typmods)):
+        value, reason = typed_value(F.col("new").getItem(i), oid, mod)
+        cols += [value.alias(f"__n{i}"), reason.alias(f"__r{i}"),
+                 F.coalesce(F.array_contains(F.col("unchanged"), i), F.lit(False)).alias(f"__u{i}")]
+        if i in need_old:
+            cols.append(typed_value(F.col("old").getItem(i), oid, mod)[0].alias(f"__o{i}"))
+    return changes.select(*cols)
+
+
+def _quarantine(session: SparkSession, src: SourceConfig, paths: LakePaths, plan: TablePlan, typed: DataFrame,
+                end: Lsn) -> int:
+    """Record values the gold type cannot hold; with on_bad_value: fail, refuse the merge instead."""
+    shape = plan.shape
+    bad = F.array(*[F.struct(F.lit(c).alias("column_name"), F.lit(o).alias("type_oid"),
+                             F.col("new").getItem(i).alias("raw_value"), F.col(f"__r{i}").alias("reason"))
+                    for i, (c, o) in enumerate(zip(shape.columns, shape.type_oids))])
+    rows = (typed.select("commit_lsn", "xid", "seq", F.explode(bad).alias("b")).where(F.col("b.reason").isNotNull())
+            .select(F.lit(shape.schema_name).alias("schema_name"), F.lit(shape.table_name).alias("table_name"),
+                    "b.column_name", "b.type_oid", "b.raw_value", "b.reason", "commit_lsn", "xid", "seq",
+                    F.current_timestamp().alias("detected_at")))
+    if src.on_bad_value == "fail":
+        first = rows.orderBy("commit_lsn", "seq").limit(1).collect()
+        if first:
+            r = first[0]
+            raise MergeError(
+                f"{shape.qualified}: column {r['column_name']} value {r['raw_value']!r} at LSN {Lsn(r['commit_lsn'])} "
+                f"(xid {r['xid']}) cannot be stored: {r['reason']}; set on_bad_value: quarantine to load it as NULL "
+                "and keep the raw text in _quarantine")
+        return 0
+    rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        count = rows.count()
+        if count:
+            # Idempotent per (table, run end) so a re-run after a crash does not record the values twice.
+            (rows.write.format("delta").mode("append")
+             .option("txnAppId", f"slotlake-quarantine-{src.name}-{shape.qualified}")
+             .option("txnVersion", int(end)).save(paths.quarantine))
+            log.warning("%s: %d value(s) the gold types cannot hold were quarantined (NULL in gold)",
+                        shape.qualified, count)
+        return count
+    finally:
+        rows.unpersist()
+
+
+def _value_cols(plan: TablePlan) -> list[Column]:
+    return [F.col(f"__n{i}").alias(f"__v{i}") for i in range(len(plan.shape.columns))]
+
+
+def _meta_cols() -> list[Column]:
+    return [F.lit("U").alias("__action"), F.col("commit_lsn").alias("__lsn"), F.col("commit_ts").alias("__ts")]
+
+
+# ---- keyed tables: lineage ---------------------------------------------------------------------------------
+
+def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -> DataFrame:
+    """One row per key touched: its final state (`__action` U with `__v*`) or its removal (`__action` D)."""
+    shape = plan.shape
+    ncols = len(shape.columns)
+    keys = plan.key_positions
+    cid = F.struct("commit_lsn", "seq")
+    # Old key: from the old tuple when there is one (key changed, or a delete), else the key did not change.
+    ok = F.when(F.col("op").isin("U", "D"), F.struct(*[
+        F.when(F.col("old").isNotNull(), F.col(f"__o{k}")).otherwise(F.col(f"__n{k}")).alias(f"k{j}")
+        for j, k in enumerate(keys)]))
+    nk = F.when(F.col("op").isin("I", "U"), F.struct(*[F.col(f"__n{k}").alias(f"k{j}") for j, k in enumerate(keys)]))
+    ch = typed.withColumn("__id", cid).withColumn("__ok", ok).withColumn("__nk", nk)
+    moved = (F.col("op") == "U") & ~F.col("__ok").eqNullSafe(F.col("__nk"))
+
+    # Events per key: a change leaves its old key (delete, key change), stays (in-place update) or arrives.
+    events = (ch.where(F.col("op").isin("U", "D"))
+              .select("__id", F.col("__ok").alias("key"),
+                      F.when((F.col("op") == "U") & ~moved, "stay").otherwise("leave").alias("kind"))
+              .unionByName(ch.where((F.col("op") == "I") | moved)
+                           .select("__id", F.col("__nk").alias("key"), F.lit("arrive").alias("kind"))))
+    w = Window.partitionBy("key").orderBy("__id")
+    before = w.rowsBetween(Window.unboundedPreceding, -1)
+    events = (events
+              .withColumn("prev", F.last(F.when(F.col("kind").isin("arrive", "leave"), F.struct("kind", "__id")),
+                                         ignorenulls=True).over(before))
+              .withColumn("first_id", F.first("__id").over(w.rowsBetween(Window.unboundedPreceding, 0))))
+    touching = events.where(F.col("kind") != "arrive")
+    broken = touching.where(F.col("prev.kind") == "leave").limit(1).collect()
+    if broken:
+        b = broken[0]
+        raise MergeError(f"{shape.qualified}: the change at LSN {Lsn(b['__id']['commit_lsn'])} (seq {b['__id']['seq']}) "
+                         f"updates or deletes key {b['key']} after an earlier change in the batch removed it; "
+                         "the silver changes are inconsistent (were they decoded twice or out of order?)")
+    # Link of each change to the lineage it continues: itself (insert), the gold row (rid = first change on the
+    # key, which has no earlier arrival), or the change that last brought a row to this key (resolved below).
+    links = (touching.select(
+        "__id",
+        F.when(F.col("prev").isNull(), F.col("first_id")).alias("rid"),
+        F.when(F.col("prev").isNotNull(), F.col("prev.__id")).alias("ptr"))
+        .unionByName(ch.where(F.col("op") == "I").select("__id", F.col("__id").alias("rid"),
+                                                         F.lit(None).cast(cid_type(ch)).alias("ptr"))))
+    links = _resolve_lineage(links, shape.qualified)
+
+    # Fill unchanged TOAST along each lineage, seeded by the gold row when the lineage starts from it.
+    rows = ch.join(links.select("__id", "rid"), "__id").withColumn("__sub", F.lit(1))
+    rows = rows.select("rid", "__id", "__sub", "op", "__ok", "__nk", "commit_lsn", "commit_ts", *[
+        F.when((F.col("op") == "D") | F.col(f"__u{i}"), F.lit(None)).otherwise(F.struct(F.col(f"__n{i}").alias("v")))
+        .alias(f"__w{i}") for i in range(ncols)])
+    if target is not None:
+        live = target if not plan.soft_delete else target.where(~F.col(DELETED_COL))
+        roots = rows.where((F.col("rid") == F.col("__id")) & (F.col("op") != "I"))
+        cond = _and([roots[f"__ok"].getField(f"k{j}").eqNullSafe(live[shape.columns[k]]) for j, k in enumerate(keys)])
+        seeds = roots.join(live, cond).select(
+            "rid", F.col("rid").alias("__id"), F.lit(0).alias("__sub"),
+            *[F.struct(live[c].alias("v")).alias(f"__w{i}") for i, c in enumerate(shape.columns)])
+        rows = rows.unionByName(seeds, allowMissingColumns=True)
+    lw = Window.partitionBy("rid").orderBy("__id", "__sub").rowsBetween(Window.unboundedPreceding, 0)
+    filled = rows.select("__id", "__sub", "op", "__ok", "__nk", "commit_lsn", "commit_ts",
+                         *[F.last(f"__w{i}", ignorenulls=True).over(lw).alias(f"__f{i}") for i in range(ncols)]
+                         ).where(F.col("__sub") == 1)
+    missing = F.array_compact(F.array(*[F.when(F.col(f"__f{i}").isNull(), F.lit(c))
+                                        for i, c in enumerate(shape.columns)]))
+    vals = [F.col(f"__f{i}.v").alias(f"__v{i}") for i in range(ncols)]
+    meta = [F.col("commit_lsn").alias("__lsn"), F.col("commit_ts").alias("__ts"), missing.alias("__missing")]
+    leaving = filled.where((F.col("op") == "D") | ((F.col("op") == "U") & ~F.col("__ok").eqNullSafe(F.col("__nk"))))
+    final = (leaving.select(F.col("__ok").alias("key"), "__id", F.lit("D").alias("__action"), *vals, *meta)
+             .unionByName(filled.where(F.col("op").isin("I", "U"))
+                          .select(F.col("__nk").alias("key"), "__id", F.lit("U").alias("__action"), *vals, *meta)))
+    final = (final.withColumn("__rn", F.row_number().over(Window.partitionBy("key").orderBy(F.col("__id").desc())))
+             .where(F.col("__rn") == 1))
+    gap = final.where((F.col("__action") == "U") & (F.size("__missing") > 0)).limit(1).collect()
+    if gap:
+        g = gap[0]
+        key = {shape.columns[k]: g["key"][f"k{j}"] for j, k in enumerate(keys)}
+        raise MergeError(
+            f"{shape.qualified}: row {key} written at LSN {Lsn(g['__id']['commit_lsn'])} has unchanged TOAST "
+            f"column(s) {list(g['__missing'])} whose value is neither in gold nor in an earlier change of this batch; "
+            "the gold table is missing the row (was it loaded by an initial snapshot?). Reload the table to fix it")
+    return final.select(*[F.col("key").getField(f"k{j}").alias(f"__k{j}") for j in range(len(keys))],
+                        "__action", *[f"__v{i}" for i in range(ncols)], "__lsn", "__ts",
+                        (F.size("__missing") > 0).alias("__partial"))
+
+
+def cid_type(df: DataFrame):
+    return df.schema["__id"].dataType
+
+
+def _resolve_lineage(links: DataFrame, name: str) -> DataFrame:
+    """Pointer jumping until every change knows the first change of its lineage (`rid`).
+
+    Only chains through key changes need rounds: one per doubling of the longest chain of key changes.
+    """
+    links = links.localCheckpoint()
+    for _ in range(_MAX_LINEAGE_ROUNDS):
+        if links.where(F.col("rid").isNull()).limit(1).count() == 0:
+            return links.select("__id", "rid")
+        p = links.select(F.col("__id").alias("__pid"), F.col("rid").alias("__prid"), F.col("ptr").alias("__pptr"))
+        nxt = links.join(p, links["ptr"] == p["__pid"], "left")
+        lost = nxt.where(F.col("rid").isNull() & F.col("__pid").isNull()).limit(1).collect()
+        if lost:
+            raise MergeError(f"{name}: change {lost[0]['__id']} continues a row whose earlier change is missing "
+                             "from the batch; the silver changes are inconsistent")
+        links = nxt.select("__id", F.coalesce("rid", "__prid").alias("rid"),
+                           F.when(F.col("rid").isNull() & F.col("__prid").isNull(), F.col("__pptr")).alias("ptr")
+                           ).localCheckpoint()
+    raise MergeError(f"{name}: key-change chains longer than 2^{_MAX_LINEAGE_ROUNDS} in one batch")
+
+
+def _and(conds: list[Column]) -> Column:
+    out = conds[0]
+    for c in conds[1:]:
+        out = out & c
+    return out
+
+
+# ---- FULL tables: multisets --------------------------------------------------------------------------------
+
+def _full_row_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -> DataFrame:
+    """Per distinct row the copies to add (`U`, copy numbers above the current count) or remove (`D`, the top ones)."""
+    shape = plan.shape
+    ncols = len(shape.columns)
+    old_row = F.struct(*[F.col(f"__o{i}").alias(f"c{i}") for i in range(ncols)])
+    # Unchanged TOAST in the new tuple: REPLICA IDENTITY FULL logs the whole old row, so the value is right there.
+    new_row = F.struct(*[F.when(F.col(f"__u{i}"), F.col(f"__o{i}")).otherwise(F.col(f"__n{i}")).alias(f"c{i}")
+                         for i in range(ncols)])
+    cid = F.struct("commit_lsn", "seq")
+    moves = (typed.where(F.col("op").isin("I", "U"))
+             .select(new_row.alias("row"), F.lit(1).alias("sign"), cid.alias("__id"), "commit_lsn", "commit_ts")
+             .unionByName(typed.where(F.col("op").isin("U", "D"))
+                          .select(old_row.alias("row"), F.lit(-1).alias("sign"), cid.alias("__id"), "commit_lsn",
+                                  "commit_ts")))
+    delta = moves.groupBy("row").agg(F.sum("sign").alias("d"),
+                                     F.max_by(F.struct("commit_lsn", "commit_ts"), "__id").alias("last"))
+    if target is not None:
+        live = target if not plan.soft_delete else target.where(~F.col(DELETED_COL))
+        counts = live.select(F.struct(*[F.col(f"`{c}`").alias(f"c{i}") for i, c in enumerate(shape.columns)])
+                             .alias("trow")).groupBy("trow").agg(F.count(F.lit(1)).alias("tc"))
+        delta = delta.join(counts, delta["row"].eqNullSafe(counts["trow"]), "left")
+        tc = F.coalesce(F.col("tc"), F.lit(0))
+    else:
+        tc = F.lit(0)
+    delta = delta.withColumn("tc", tc).withColumn("nc", F.greatest(F.col("tc") + F.col("d"), F.lit(0)))
+    # A delete of a row gold never had (e.g. no initial load yet) removes nothing, as for keyed tables.
+    adds = (delta.where(F.col("nc") > F.col("tc"))
+            .select("row", "last", F.lit("U").alias("__action"),
+                    F.explode(F.sequence(F.col("tc") + 1, F.col("nc"))).alias("__dup")))
+    drops = (delta.where(F.col("nc") < F.col("tc"))
+             .select("row", "last", F.lit("D").alias("__action"),
+                     F.explode(F.sequence(F.col("nc") + 1, F.col("tc"))).alias("__dup")))
+    return adds.unionByName(drops).select(
+        *[F.col("row").getField(f"c{i}").alias(f"__v{i}") for i in range(ncols)],
+        F.col("__dup").cast("int").alias("__dup"), "__action",
+        F.col("last.commit_lsn").alias("__lsn"), F.col("last.commit_ts").alias("__ts"))
+
+
+# ---- the one Delta commit ----------------------------------------------------------------------------------
+
+def _q(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _execute_merge(session: SparkSession, src: SourceConfig, gold: str, schema: str, table: str, end: Lsn,
+                   plan: TablePlan | None, soft: bool, source_df: DataFrame | None, trunc: _Truncate | None) -> None:
+    from delta.tables import DeltaTable
+
+    target = DeltaTable.forPath(session, gold).alias("t")
+    if plan is None or source_df is None:  # TRUNCATE only: an empty source, every gold row unmatched
+        builder = target.merge(session.range(0).alias("s"), F.lit(False))
+    else:
+        cols = plan.shape.columns
+        values = {_q(c): F.col(f"s.__v{i}") for i, c in enumerate(cols)}
+        meta = {_q(LSN_COL): F.col("s.__lsn"), _q(COMMIT_TS_COL): F.col("s.__ts")}
+        live = {_q(DELETED_COL): F.lit(False)} if soft else {}
+        is_del = F.col("s.__action") == "D"
+        if plan.strategy is KeyStrategy.KEYED:
+            cond = _and([F.col(f"t.{_q(cols[k])}").eqNullSafe(F.col(f"s.__k{j}"))
+                         for j, k in enumerate(plan.key_positions)])
+            builder = target.merge(source_df.alias("s"), cond)
+            if soft:
+                # A soft-deleted row keeps its last state; values a partial lineage lacks keep gold's.
+                kept = {_q(c): F.when(F.col("s.__partial") & F.col(f"s.__v{i}").isNull(), F.col(f"t.{_q(c)}"))
+                        .otherwise(F.col(f"s.__v{i}")) for i, c in enumerate(cols)}
+                builder = builder.whenMatchedUpdate(is_del & ~F.col(f"t.{_q(DELETED_COL)}"),
+                                                    {**kept, **meta, _q(DELETED_COL): F.lit(True)})
+                builder = builder.whenMatchedUpdate(~is_del, {**values, **meta, **live})
+                builder = builder.whenNotMatchedInsert(~F.col("s.__partial"), {
+                    **values, **meta, _q(DELETED_COL): is_del})
+            else:
+                builder = builder.whenMatchedDelete(is_del)
+                builder = builder.whenMatchedUpdate(~is_del, {**values, **meta})
+                builder = builder.whenNotMatchedInsert(~is_del, {**values, **meta})
+        elif plan.strategy is KeyStrategy.FULL_ROW:
+            cond = _and([F.col(f"t.{_q(c)}").eqNullSafe(F.col(f"s.__v{i}")) for i, c in enumerate(cols)]
+                        + [F.col(f"t.{_q(DUP_COL)}") == F.col("s.__dup")])
+            builder = target.merge(source_df.alias("s"), cond)
+            dup = {_q(DUP_COL): F.col("s.__dup")}
+            if soft:
+                builder = builder.whenMatchedUpdate(is_del, {**meta, _q(DELETED_COL): F.lit(True)})
+                builder = builder.whenMatchedUpdate(~is_del, {**meta, **live})
+            else:
+                builder = builder.whenMatchedDelete(is_del)
+                builder = builder.whenMatchedUpdate(~is_del, {**meta})
+            builder = builder.whenNotMatchedInsert(~is_del, {**values, **meta, **live, **dup})
+        else:  # insert-only
+            builder = target.merge(source_df.alias("s"), F.lit(False))
+            builder = builder.whenNotMatchedInsert(values={**values, **meta, **live})
+    if trunc is not None:
+        if soft:
+            builder = builder.whenNotMatchedBySourceUpdate(~F.col(f"t.{_q(DELETED_COL)}"), {
+                _q(DELETED_COL): F.lit(True), _q(LSN_COL): F.lit(trunc.commit_lsn),
+                _q(COMMIT_TS_COL): F.lit(trunc.commit_ts)})
+        else:
+            builder = builder.whenNotMatchedBySourceDelete()
+    conf = merge_commit_conf(src.name, schema, table, end)
+    for k, v in conf.items():
+        session.conf.set(k, v)
+    try:
+        builder.execute()
+    finally:
+        for k in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
+            session.conf.unset(k)
