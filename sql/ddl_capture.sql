@@ -34,7 +34,8 @@
 --
 -- Failure policy: a bug or an unexpected catalog state in the capture must never block the user's DDL (a
 -- raising event trigger aborts every matching command in the database until someone drops it). So each
--- function catches every error and emits an "error" event instead, carrying the tag, query and SQLSTATE: the
+-- trigger function catches every error (not query cancels) and emits an "error" event instead
+-- ({"version", "event": "error", "trigger", "command_tag", "query", "error"}), with the SQLSTATE: the
 -- loss is recorded in-stream at the exact commit, the decode stage can report it, and pgoutput's own Relation
 -- messages still describe the table before its next row change. If even that emit fails, a WARNING is raised.
 --
@@ -44,6 +45,10 @@
 
 CREATE SCHEMA IF NOT EXISTS slotlake;
 COMMENT ON SCHEMA slotlake IS 'slotlake DDL capture (sql/ddl_capture.sql); remove with sql/ddl_capture_uninstall.sql';
+-- The trigger functions run as whoever runs the DDL, so every role needs to reach them. Nothing here is
+-- secret or privileged: table_def reads the world-readable catalog, and any role may already call
+-- pg_logical_emit_message itself (which also means a slotlake.ddl message is not proof of a DDL).
+GRANT USAGE ON SCHEMA slotlake TO PUBLIC;
 
 -- The definition of one table as jsonb (the <table> shape above); null when the OID is not a table.
 -- search_path is pinned so format_type and pg_get_expr qualify names the same way whatever the session uses.
@@ -108,22 +113,6 @@ AS $fn$
            'query_truncated', coalesce(length(current_query()) > 65536, false))
 $fn$;
 
--- Something went wrong in the capture: record it in-stream, never raise (see "Failure policy" above).
-CREATE OR REPLACE FUNCTION slotlake.emit_error(trigger_event text, tag text, state text, msg text, detail text,
-                                               ctx text) RETURNS void
-LANGUAGE plpgsql VOLATILE
-SET search_path = pg_catalog, pg_temp
-AS $fn$
-BEGIN
-  PERFORM slotlake.emit(slotlake.event_head('error', tag) || jsonb_build_object(
-    'trigger', trigger_event,
-    'error', jsonb_build_object('sqlstate', state, 'message', msg, 'detail', detail, 'context', ctx)));
-EXCEPTION WHEN OTHERS THEN
-  RAISE WARNING 'slotlake DDL capture failed and could not record the failure (% %): %', state, msg, SQLERRM
-    USING HINT = 'the DDL went ahead; the slotlake catalog may miss this change. Reinstall sql/ddl_capture.sql.';
-END
-$fn$;
-
 CREATE OR REPLACE FUNCTION slotlake.on_ddl_command_end() RETURNS event_trigger
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
@@ -160,7 +149,17 @@ BEGIN
 EXCEPTION WHEN OTHERS THEN
   GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, detail = PG_EXCEPTION_DETAIL,
                           ctx = PG_EXCEPTION_CONTEXT;
-  PERFORM slotlake.emit_error('ddl_command_end', tg_tag, state, msg, detail, ctx);
+  -- Self-contained on purpose: this path must work even when the other slotlake functions are the problem.
+  BEGIN
+    PERFORM pg_catalog.pg_logical_emit_message(true, 'slotlake.ddl', pg_catalog.convert_to(
+      pg_catalog.jsonb_build_object('version', 1, 'event', 'error', 'trigger', 'ddl_command_end', 'command_tag', tg_tag,
+        'query', pg_catalog.left(pg_catalog.current_query(), 65536),
+        'error', pg_catalog.jsonb_build_object('sqlstate', state, 'message', msg, 'detail', detail,
+                                               'context', ctx))::text, 'UTF8'));
+  EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'slotlake DDL capture failed (% %) and could not record the failure: %', state, msg, SQLERRM
+      USING HINT = 'The DDL went ahead; the slotlake catalog may miss it. Reinstall sql/ddl_capture.sql.';
+  END;
 END
 $fn$;
 
@@ -199,7 +198,17 @@ BEGIN
 EXCEPTION WHEN OTHERS THEN
   GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, msg = MESSAGE_TEXT, detail = PG_EXCEPTION_DETAIL,
                           ctx = PG_EXCEPTION_CONTEXT;
-  PERFORM slotlake.emit_error('sql_drop', tg_tag, state, msg, detail, ctx);
+  -- Self-contained on purpose: this path must work even when the other slotlake functions are the problem.
+  BEGIN
+    PERFORM pg_catalog.pg_logical_emit_message(true, 'slotlake.ddl', pg_catalog.convert_to(
+      pg_catalog.jsonb_build_object('version', 1, 'event', 'error', 'trigger', 'sql_drop', 'command_tag', tg_tag,
+        'query', pg_catalog.left(pg_catalog.current_query(), 65536),
+        'error', pg_catalog.jsonb_build_object('sqlstate', state, 'message', msg, 'detail', detail,
+                                               'context', ctx))::text, 'UTF8'));
+  EXCEPTION WHEN OTHERS THEN
+    RAISE WARNING 'slotlake DDL capture failed (% %) and could not record the failure: %', state, msg, SQLERRM
+      USING HINT = 'The DDL went ahead; the slotlake catalog may miss it. Reinstall sql/ddl_capture.sql.';
+  END;
 END
 $fn$;
 

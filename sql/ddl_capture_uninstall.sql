@@ -8,7 +8,6 @@ DROP EVENT TRIGGER IF EXISTS slotlake_sql_drop;
 
 DROP FUNCTION IF EXISTS slotlake.on_ddl_command_end();
 DROP FUNCTION IF EXISTS slotlake.on_sql_drop();
-DROP FUNCTION IF EXISTS slotlake.emit_error(text, text, text, text, text, text);
 DROP FUNCTION IF EXISTS slotlake.event_head(text, text);
 DROP FUNCTION IF EXISTS slotlake.emit(jsonb);
 DROP FUNCTION IF EXISTS slotlake.table_def(oid);
