@@ -20,7 +20,8 @@
 --    "command_tag": "ALTER TABLE",            -- TG_TAG of the top-level command
 --    "query": "...", "query_truncated": false, -- current_query(): the client's whole query string, capped
 --    "objects": [{"command_tag", "object_type", "schema", "identity", "oid"}],   -- what the command touched
---    "tables":  [<table>],                    -- ddl_command_end: new definition of every touched table
+--    "tables":  [<table>],                    -- ddl_command_end: new definition of every touched table,
+--                                             -- then of its inheritance children / partitions
 --    "dropped": [{"oid", "schema", "name", "identity"}],                         -- sql_drop: dropped tables
 --    "error":   {"sqlstate", "message", "detail", "context"} | null}             -- event "error" only
 --   <table> = {"oid", "schema", "name", "kind" ('r' table | 'p' partitioned), "replica_identity" (relreplident:
@@ -131,16 +132,26 @@ BEGIN
     INTO objects
     FROM pg_event_trigger_ddl_commands() cmd;
 
-  -- Every table a command touched, whatever the object type says ('table', 'table column', ...);
-  -- temporary tables are never replicated, so they are left out.
-  SELECT coalesce(jsonb_agg(slotlake.table_def(t.oid) ORDER BY t.first), '[]'::jsonb)
+  -- Every table a command touched, whatever the object type says ('table', 'table column', ...), and all
+  -- their inheritance children and partitions: ALTER TABLE on a parent changes them too (they are what
+  -- pgoutput replicates unless publish_via_partition_root), yet PostgreSQL reports only the parent.
+  -- Temporary tables are never replicated, so they are left out.
+  WITH RECURSIVE touched AS (
+    SELECT cmd.objid AS oid, min(cmd.ord) AS first
+      FROM pg_event_trigger_ddl_commands() WITH ORDINALITY AS cmd(classid, objid, objsubid, command_tag,
+             object_type, schema_name, object_identity, in_extension, command, ord)
+     WHERE cmd.classid = 'pg_class'::regclass
+     GROUP BY cmd.objid
+  ), tree(oid, first, depth) AS (
+    SELECT oid, first, 0 FROM touched
+    UNION ALL
+    SELECT i.inhrelid, tree.first, tree.depth + 1 FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
+  )
+  SELECT coalesce(jsonb_agg(slotlake.table_def(t.oid) ORDER BY t.first, t.depth, t.oid), '[]'::jsonb)
     INTO tables
-    FROM (SELECT cmd.objid AS oid, min(cmd.ord) AS first
-            FROM pg_event_trigger_ddl_commands() WITH ORDINALITY AS cmd(classid, objid, objsubid, command_tag,
-                   object_type, schema_name, object_identity, in_extension, command, ord)
-            JOIN pg_class c ON c.oid = cmd.objid
-           WHERE cmd.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p') AND c.relpersistence <> 't'
-           GROUP BY cmd.objid) t;
+    FROM (SELECT tree.oid, min(tree.first) AS first, min(tree.depth) AS depth FROM tree GROUP BY tree.oid) t
+    JOIN pg_class c ON c.oid = t.oid
+   WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't';
 
   IF jsonb_array_length(tables) > 0 THEN
     PERFORM slotlake.emit(slotlake.event_head('ddl_command_end', tg_tag) || jsonb_build_object(

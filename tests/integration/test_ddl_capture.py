@@ -308,3 +308,32 @@ def test_uninstall_and_reinstall(conn, slot):
 
     conn.execute("ALTER EVENT TRIGGER slotlake_sql_drop DISABLE")
     assert not ddl_capture_installed(conn)  # a disabled trigger means drops would be missed
+
+
+def test_alter_on_a_parent_carries_every_partition_and_child(conn, slot):
+    """PostgreSQL reports only the parent for ALTER TABLE, but partitions and children change too."""
+    install_ddl_capture(conn)
+    conn.execute("CREATE TABLE m (id int, d date, PRIMARY KEY (id, d)) PARTITION BY RANGE (d)")
+    conn.execute("CREATE TABLE m_2024 PARTITION OF m FOR VALUES FROM ('2024-01-01') TO ('2025-01-01')")
+    # a partition with a dropped column: its attnums differ from the parent's
+    conn.execute("CREATE TABLE m_2025 (junk int, id int NOT NULL, d date NOT NULL)")
+    conn.execute("ALTER TABLE m_2025 DROP COLUMN junk")
+    conn.execute("ALTER TABLE m ATTACH PARTITION m_2025 FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')")
+    conn.execute("ALTER TABLE m ADD COLUMN x int DEFAULT 1")
+    conn.execute("CREATE TABLE p (a int)")
+    conn.execute("CREATE TABLE ch () INHERITS (p)")
+    conn.execute("ALTER TABLE p RENAME COLUMN a TO aa")
+    conn.execute("DROP TABLE m")
+    events = [e for _, e in _peek_events(conn, slot)]
+    attach, add, rename, drop = events[4], events[5], events[8], events[9]
+    assert attach.query.startswith("ALTER TABLE m ATTACH")
+    # attaching gave m_2025 the partitioned primary key
+    assert {t.name: t.key_columns for t in attach.tables} == {"m": ("id", "d"), "m_2024": ("id", "d"),
+                                                              "m_2025": ("id", "d")}
+    assert [(t.name, [(c.attnum, c.name, c.default) for c in t.columns]) for t in add.tables] == [
+        ("m", [(1, "id", None), (2, "d", None), (3, "x", "1")]),
+        ("m_2024", [(1, "id", None), (2, "d", None), (3, "x", "1")]),
+        ("m_2025", [(2, "id", None), (3, "d", None), (4, "x", "1")])]
+    assert [(t.name, t.kind) for t in add.tables][:1] == [("m", "p")]
+    assert [(t.name, [c.name for c in t.columns]) for t in rename.tables] == [("p", ["aa"]), ("ch", ["aa"])]
+    assert sorted(d.name for d in drop.dropped) == ["m", "m_2024", "m_2025"]
