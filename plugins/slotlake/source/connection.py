@@ -64,12 +64,12 @@ def redact(dsn: str) -> str:
 
 
 def scrub(text: str, dsn: str) -> str:
-    """Remove the DSN's password from free text (a driver's error message may echo the connection string)."""
+    """Free text on one line without the DSN's password (a driver's error message may echo the connection string)."""
     try:
         password = conninfo.conninfo_to_dict(dsn).get("password")
     except psycopg.ProgrammingError:
         password = None
-    text = text.replace(dsn, redact(dsn))
+    text = " ".join(text.replace(dsn, redact(dsn)).split())  # one line: the CLI prints errors as one line
     return text.replace(str(password), "***") if password else text
 
 
@@ -94,7 +94,7 @@ def connect(source: SourceConfig, *, autocommit: bool = True) -> psycopg.Connect
         return psycopg.connect(session_dsn(dsn), autocommit=autocommit, application_name="slotlake")
     except psycopg.Error as e:
         raise PreflightError(
-            f"source {source.name}: cannot connect to {redact(dsn)}: {scrub(str(e).strip(), dsn)}; "
+            f"source {source.name}: cannot connect to {redact(dsn)}: {scrub(str(e), dsn)}; "
             "check host, port, database, user and password (or the Airflow connection)"
         ) from None
 
@@ -110,5 +110,5 @@ def connect_bulk(source: SourceConfig):  # -> adbc_driver_postgresql.dbapi.Conne
     except Exception as e:  # ADBC raises its own DB-API error classes
         raise PreflightError(
             f"source {source.name}: cannot open the bulk (ADBC) connection to {redact(dsn)}: "
-            f"{scrub(str(e).strip(), dsn)}"
+            f"{scrub(str(e), dsn)}"
         ) from None
