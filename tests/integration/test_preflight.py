@@ -10,7 +10,7 @@ from slotlake.bronze import bronze_dir
 from slotlake.config import parse_config
 from slotlake.errors import PreflightError, SlotLostError
 from slotlake.localpg import LocalPostgres, free_port
-from slotlake.source.connection import connect, redact
+from slotlake.source.connection import connect, redact, resolve_dsn
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
 from slotlake.source.slot import slot_info
@@ -183,3 +183,13 @@ def test_slot_invalidated_by_max_slot_wal_keep_size_is_lost(tmp_path):
         with pytest.raises(SlotLostError, match=r"slot slotlake_shop was invalidated \(wal_removed\).*"
                                                 r"run `slotlake resync shop`"):
             run_preflight(cfg, cfg.source("shop"))
+
+
+def test_conn_id_resolves_through_airflow(pg_db, tmp_path, monkeypatch):
+    # Airflow reads connections from AIRFLOW_CONN_<ID> environment variables: a real lookup, no mock.
+    monkeypatch.setenv("AIRFLOW_CONN_SLOTLAKE_TEST_SRC", pg_db)
+    _run(pg_db, "CREATE TABLE orders (id int PRIMARY KEY)")
+    cfg = parse_config({"lake": str(tmp_path), "sources": {"shop": {"conn_id": "slotlake_test_src",
+                                                                    "tables": ["public.orders"]}}})
+    assert resolve_dsn(cfg.source("shop")).endswith(pg_db.split("://", 1)[1])
+    assert run_preflight(cfg, cfg.source("shop")).slot_created
