@@ -36,7 +36,7 @@
 -- Failure policy: a bug or an unexpected catalog state in the capture must never block the user's DDL (a
 -- raising event trigger aborts every matching command in the database until someone drops it). So each
 -- trigger function catches every error (not query cancels) and emits an "error" event instead
--- ({"version", "event": "error", "trigger", "command_tag", "query", "error"}), with the SQLSTATE: the
+-- ({"version", "event": "error", "trigger", "command_tag", "query", "query_truncated", "error"}): the
 -- loss is recorded in-stream at the exact commit, the decode stage can report it, and pgoutput's own Relation
 -- messages still describe the table before its next row change. If even that emit fails, a WARNING is raised.
 --
@@ -71,7 +71,9 @@ AS $fn$
                       'type_name', format_type(a.atttypid, a.atttypmod),
                       'typmod', a.atttypmod,
                       'not_null', a.attnotnull,
-                      'default', pg_get_expr(d.adbin, d.adrelid),
+                      -- relid 0 unless the expression can name columns (generated columns; a DEFAULT cannot):
+                      -- with a relid, pg_get_expr rebuilds the column list per call, O(columns^2) per table
+                      'default', pg_get_expr(d.adbin, CASE WHEN a.attgenerated = '' THEN 0 ELSE d.adrelid END),
                       'generated', a.attgenerated::text,
                       'identity', a.attidentity::text,
                       'is_key', CASE c.relreplident
@@ -165,6 +167,7 @@ EXCEPTION WHEN OTHERS THEN
     PERFORM pg_catalog.pg_logical_emit_message(true, 'slotlake.ddl', pg_catalog.convert_to(
       pg_catalog.jsonb_build_object('version', 1, 'event', 'error', 'trigger', 'ddl_command_end', 'command_tag', tg_tag,
         'query', pg_catalog.left(pg_catalog.current_query(), 65536),
+        'query_truncated', coalesce(pg_catalog.length(pg_catalog.current_query()) > 65536, false),
         'error', pg_catalog.jsonb_build_object('sqlstate', state, 'message', msg, 'detail', detail,
                                                'context', ctx))::text, 'UTF8'));
   EXCEPTION WHEN OTHERS THEN
@@ -214,6 +217,7 @@ EXCEPTION WHEN OTHERS THEN
     PERFORM pg_catalog.pg_logical_emit_message(true, 'slotlake.ddl', pg_catalog.convert_to(
       pg_catalog.jsonb_build_object('version', 1, 'event', 'error', 'trigger', 'sql_drop', 'command_tag', tg_tag,
         'query', pg_catalog.left(pg_catalog.current_query(), 65536),
+        'query_truncated', coalesce(pg_catalog.length(pg_catalog.current_query()) > 65536, false),
         'error', pg_catalog.jsonb_build_object('sqlstate', state, 'message', msg, 'detail', detail,
                                                'context', ctx))::text, 'UTF8'));
   EXCEPTION WHEN OTHERS THEN

@@ -239,8 +239,12 @@ def test_bootstrap_read_without_capture_installed(conn):
 
 def test_current_wal_lsn_moves_forward(conn):
     before = current_wal_lsn(conn)
-    conn.execute("CREATE TABLE w (x int)")
-    conn.execute("INSERT INTO w SELECT generate_series(1, 1000)")
+    with conn.transaction():
+        # pg_current_wal_lsn is the write position: an asynchronous commit (the test server's default) may not
+        # have reached it yet; a synchronous one has.
+        conn.execute("SET LOCAL synchronous_commit = on")
+        conn.execute("CREATE TABLE w (x int)")
+        conn.execute("INSERT INTO w SELECT generate_series(1, 1000)")
     after = current_wal_lsn(conn)
     assert isinstance(before, Lsn) and after > before
     server = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
@@ -337,3 +341,12 @@ def test_alter_on_a_parent_carries_every_partition_and_child(conn, slot):
     assert [(t.name, t.kind) for t in add.tables][:1] == [("m", "p")]
     assert [(t.name, [c.name for c in t.columns]) for t in rename.tables] == [("p", ["aa"]), ("ch", ["aa"])]
     assert sorted(d.name for d in drop.dropped) == ["m", "m_2024", "m_2025"]
+
+
+def test_a_huge_query_text_is_capped(conn, slot):
+    install_ddl_capture(conn)
+    query = "CREATE TABLE big (id int) /* " + "x" * 70_000 + " */"
+    conn.execute(query)
+    (_, e), = _peek_events(conn, slot)
+    assert e.query_truncated and e.query == query[:65536]
+    assert e.tables[0].name == "big"

@@ -39,7 +39,9 @@ SELECT jsonb_build_object(
                     'type_name', format_type(a.atttypid, a.atttypmod),
                     'typmod', a.atttypmod,
                     'not_null', a.attnotnull,
-                    'default', pg_get_expr(d.adbin, d.adrelid),
+                    -- relid 0 unless the expression can name columns (generated columns; a DEFAULT cannot):
+                    -- with a relid, pg_get_expr rebuilds the column list per call, O(columns^2) per table
+                    'default', pg_get_expr(d.adbin, CASE WHEN a.attgenerated = '' THEN 0 ELSE d.adrelid END),
                     'generated', a.attgenerated::text,
                     'identity', a.attidentity::text,
                     'is_key', CASE c.relreplident
@@ -107,7 +109,11 @@ def read_table_defs(conn: psycopg.Connection, tables: list[str] | None = None) -
 
 
 def current_wal_lsn(conn: psycopg.Connection) -> Lsn:
-    """The server's current WAL position (on a standby: the last replayed position)."""
+    """The server's current WAL write position, pg_current_wal_lsn() (on a standby: the last replayed position).
+
+    Asynchronous commits (synchronous_commit=off) can be ahead of it for up to wal_writer_delay; decoding stops
+    at the flushed position anyway, so such a commit simply falls into the next run.
+    """
     from psycopg.rows import tuple_row
 
     with conn.cursor(row_factory=tuple_row) as cur:
