@@ -350,3 +350,45 @@ def test_a_huge_query_text_is_capped(conn, slot):
     (_, e), = _peek_events(conn, slot)
     assert e.query_truncated and e.query == query[:65536]
     assert e.tables[0].name == "big"
+
+
+def test_definitions_agree_with_pgoutput_relation_messages(conn, slot):
+    """What the capture says about a table is what pgoutput's Relation message says before its next row change:
+    same columns in the same order (generated ones left out), type OIDs, typmods, key flags, identity."""
+    from slotlake.decode.messages import Relation
+    from slotlake.decode.pgoutput import decode_message
+
+    install_ddl_capture(conn)
+    conn.execute("CREATE TABLE r (a int, junk int, b varchar(9) NOT NULL, c numeric(5,1), "
+                 "g int GENERATED ALWAYS AS (a + 1) STORED)")
+    conn.execute("ALTER TABLE r DROP COLUMN junk")
+    conn.execute("CREATE UNIQUE INDEX r_b ON r (b)")
+    steps = ["ALTER TABLE r REPLICA IDENTITY USING INDEX r_b", "ALTER TABLE r ADD PRIMARY KEY (a)",
+             "ALTER TABLE r REPLICA IDENTITY DEFAULT", "ALTER TABLE r RENAME COLUMN c TO cc",
+             "ALTER TABLE r REPLICA IDENTITY FULL", "ALTER TABLE r ALTER COLUMN cc TYPE numeric(7,2)"]
+    for i, q in enumerate(steps):
+        conn.execute(q)
+        conn.execute("INSERT INTO r (a, b, cc) VALUES (%s, %s, 1)" if i >= 3 else
+                     "INSERT INTO r (a, b, c) VALUES (%s, %s, 1)", [i, f"k{i}"])
+    with conn.transaction():
+        conn.execute("SET LOCAL synchronous_commit = on")
+        conn.execute("SELECT pg_logical_emit_message(true, 'test.flush', '')")
+    rows = conn.execute(
+        "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+        "'publication_names', %s, 'messages', 'true')", [slot, slot]).fetchall()
+    last_def: TableDef | None = None
+    compared = 0
+    for (data,) in rows:
+        msg = decode_message(bytes(data))
+        if getattr(msg, "prefix", None) == DDL_MESSAGE_PREFIX:
+            event = parse_ddl_event(msg.content)
+            last_def = event.tables[-1] if event.tables else last_def
+        elif isinstance(msg, Relation):
+            assert last_def is not None and msg.oid == last_def.oid
+            assert msg.replica_identity is last_def.replica_identity
+            cols = last_def.replicated_columns
+            assert [(c.name, c.type_oid, c.typmod, c.is_key) for c in msg.columns] == [
+                (c.name, c.type_oid, c.typmod, c.is_key) for c in cols]
+            compared += 1
+    assert compared == len(steps)
+    assert "g" not in [c.name for c in last_def.replicated_columns] and last_def.columns[-1].name == "g"

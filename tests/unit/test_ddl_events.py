@@ -142,6 +142,13 @@ def test_object_identity_prefers_the_table():
     assert parse_ddl_event(_payload(_event(objects=objects[:1]))).object_identity == "public.orders_id_seq"
 
 
+def test_replicated_columns_leave_out_generated_columns():
+    t = table_def_from_json(_table(columns=[_column(), _column(attnum=2, name="total", generated="s", is_key=False),
+                                            _column(attnum=4, name="qty", is_key=False)]))
+    assert [(c.attnum, c.name) for c in t.replicated_columns] == [(1, "id"), (4, "qty")]
+    assert len(t.columns) == 3
+
+
 def test_table_def_from_json_is_the_shared_shape():
     t = table_def_from_json(_table(replica_identity="f", columns=[_column(), _column(attnum=2, name="x")]))
     assert t.replica_identity is ReplicaIdentity.FULL and [c.attnum for c in t.columns] == [1, 2]

@@ -71,6 +71,13 @@ class TableDef:
     def key_columns(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns if c.is_key)
 
+    @property
+    def replicated_columns(self) -> tuple[ColumnDef, ...]:
+        """The columns pgoutput sends, in Relation-message order: stored generated columns are left out (pgoutput
+        sends them only from PostgreSQL 18 with publish_generated_columns). Position i+1 here is the
+        `_catalog` column position."""
+        return tuple(c for c in self.columns if not c.generated)
+
 
 @dataclass(frozen=True, slots=True)
 class DroppedTable:
@@ -246,7 +253,11 @@ def _run_script(conn: psycopg.Connection, path: Path, action: str) -> None:
 
 
 def install_ddl_capture(conn: psycopg.Connection) -> None:
-    """Install (or upgrade in place) the event triggers in the connected database. Idempotent. Superuser only."""
+    """Install (or upgrade in place) the event triggers in the connected database. Idempotent. Superuser only.
+
+    Runs in one transaction (a savepoint if `conn` is already in one, then the caller's commit makes it stick).
+    Raises PreflightError when the role may not create event triggers.
+    """
     _run_script(conn, INSTALL_SQL, "install")
     log.info("DDL capture installed (event triggers %s)", ", ".join(TRIGGER_NAMES))
 
