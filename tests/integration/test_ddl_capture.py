@@ -355,7 +355,7 @@ def test_a_huge_query_text_is_capped(conn, slot):
 def test_definitions_agree_with_pgoutput_relation_messages(conn, slot):
     """What the capture says about a table is what pgoutput's Relation message says before its next row change:
     same columns in the same order (generated ones left out), type OIDs, typmods, key flags, identity."""
-    from slotlake.decode.messages import Relation
+    from slotlake.decode.messages import Message, Relation
     from slotlake.decode.pgoutput import decode_message
 
     install_ddl_capture(conn)
@@ -380,7 +380,7 @@ def test_definitions_agree_with_pgoutput_relation_messages(conn, slot):
     compared = 0
     for (data,) in rows:
         msg = decode_message(bytes(data))
-        if getattr(msg, "prefix", None) == DDL_MESSAGE_PREFIX:
+        if isinstance(msg, Message) and msg.prefix == DDL_MESSAGE_PREFIX:
             event = parse_ddl_event(msg.content)
             last_def = event.tables[-1] if event.tables else last_def
         elif isinstance(msg, Relation):
