@@ -54,6 +54,10 @@ class Capture:
         rows = self.conn.execute(PEEK_SQL, (self.slot, self.pub)).fetchall()
         return [Frame(lsn, xid, bytes(data)) for lsn, xid, data in rows]
 
+    def advance(self, lsn: str) -> None:
+        """Confirm everything up to `lsn` (what the extract does after archiving)."""
+        self.conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.slot, lsn))
+
     def close(self) -> None:
         self.conn.execute("SELECT pg_drop_replication_slot(%s)", (self.slot,))
         self.conn.close()

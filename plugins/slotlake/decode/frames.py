@@ -81,6 +81,7 @@ class SeenRelation:
     """A Relation message and the commit LSN of the transaction it arrived in (feeds the catalog)."""
 
     commit_lsn: int
+    lsn: int  # the message's own LSN: orders two definitions within one transaction
     relation: Relation
     bronze_file: str
 
@@ -158,7 +159,7 @@ class ChangeStreamDecoder:
             self._relations[msg.oid] = msg  # type: ignore[union-attr]
             if self._emitted.get(msg.oid) != msg:  # type: ignore[union-attr]
                 self._emitted[msg.oid] = msg  # type: ignore[union-attr,index]
-                yield SeenRelation(commit_lsn=begin.final_lsn.value, relation=msg, bronze_file=row.file)  # type: ignore[arg-type]
+                yield SeenRelation(commit_lsn=begin.final_lsn.value, lsn=row.lsn, relation=msg, bronze_file=row.file)  # type: ignore[arg-type]
         elif kind is Type:
             begin = self._require_txn(row)
             yield SeenType(commit_lsn=begin.final_lsn.value, type=msg, bronze_file=row.file)  # type: ignore[arg-type]

@@ -1,0 +1,204 @@
+"""The decode job: new bronze files -> `silver/changes` (one Delta commit) and `_catalog` (docs/internals.md).
+
+    bronze/*.parquet ──repartition by file, sort by ord──▶ mapInArrow(ChangeStreamDecoder) ──▶ decoded rows
+        decoded rows: kind=change ──join commit end LSN (kind=commit)──▶ silver/changes (append, idempotent)
+                      kind=relation/type ──collect (small)──▶ catalog versioning ──▶ _catalog (rewrite, idempotent)
+
+Each bronze file is decoded in order by one task (files in parallel). The catalog is written before the silver
+commit: the silver commit is the watermark, so a crash in between re-decodes the files, and both writes are
+idempotent (Delta `txnAppId`/`txnVersion` and catalog versioning that skips known definitions).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from slotlake.bronze import BronzeFile, list_bronze
+from slotlake.catalog import RelationDefinition, apply_relations, read_catalog, write_catalog
+from slotlake.config import Config
+from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder, SeenCommit, SeenRelation, SeenType, SilverChange
+from slotlake.decode.messages import Column, Relation, ReplicaIdentity
+from slotlake.errors import DecodeError
+from slotlake.lake import LakePaths
+from slotlake.lsn import Lsn
+
+log = logging.getLogger(__name__)
+
+SILVER_DDL = (
+    "commit_lsn long, commit_end_lsn long, commit_ts timestamp, xid long, seq int, lsn long, rel_oid long, "
+    "schema_name string, table_name string, op string, replica_identity string, columns array<string>, "
+    "key_columns array<string>, type_oids array<int>, typmods array<int>, old_kind string, old array<string>, "
+    "new array<string>, unchanged array<int>, truncate_options int, bronze_file string"
+)
+SILVER_COLUMNS = [c.split()[0] for c in SILVER_DDL.split(", ")]
+# The mapInArrow output: silver's columns plus `kind`. Commit rows carry their end LSN in commit_end_lsn;
+# relation rows reuse the column-description columns; type rows put the type's oid/schema/name in
+# rel_oid/schema_name/table_name.
+DECODED_DDL = "kind string, " + SILVER_DDL
+KIND_CHANGE, KIND_COMMIT, KIND_RELATION, KIND_TYPE = "change", "commit", "relation", "type"
+_OUT_BATCH_ROWS = 8192  # rows per Arrow batch leaving the decoder: bounds executor memory
+
+
+@dataclass(frozen=True)
+class DecodeResult:
+    files_decoded: int
+    changes_written: int
+    end_lsn: Lsn | None  # silver's watermark after the run (end LSN of the last bronze file decoded)
+    catalog_versions_added: int = 0
+
+
+def app_id(source: str) -> str:
+    return f"slotlake-decode-{source}"
+
+
+def _arrow_schema():
+    import pyarrow as pa
+
+    s, i32, i64 = pa.string(), pa.int32(), pa.int64()
+    return pa.schema([
+        ("kind", s), ("commit_lsn", i64), ("commit_end_lsn", i64), ("commit_ts", pa.timestamp("us", tz="UTC")),
+        ("xid", i64), ("seq", i32), ("lsn", i64), ("rel_oid", i64), ("schema_name", s), ("table_name", s),
+        ("op", s), ("replica_identity", s), ("columns", pa.list_(s)), ("key_columns", pa.list_(s)),
+        ("type_oids", pa.list_(i32)), ("typmods", pa.list_(i32)), ("old_kind", s), ("old", pa.list_(s)),
+        ("new", pa.list_(s)), ("unchanged", pa.list_(i32)), ("truncate_options", i32), ("bronze_file", s),
+    ])
+
+
+def _row_of(item) -> tuple:
+    """One decoded row, in `_arrow_schema()` order."""
+    if isinstance(item, SilverChange):
+        return (KIND_CHANGE, item.commit_lsn, None, item.commit_ts_us, item.xid, item.seq, item.lsn, item.rel_oid,
+                item.schema_name, item.table_name, item.op, item.replica_identity, item.columns, item.key_columns,
+                item.type_oids, item.typmods, item.old_kind, item.old, item.new, item.unchanged,
+                item.truncate_options, item.bronze_file)
+    if isinstance(item, SeenCommit):
+        return (KIND_COMMIT, item.commit_lsn, item.end_lsn, None, item.xid, None, None, None, None, None, None,
+                None, None, None, None, None, None, None, None, None, None, item.bronze_file)
+    if isinstance(item, SeenRelation):
+        r = item.relation
+        return (KIND_RELATION, item.commit_lsn, None, None, None, None, item.lsn, r.oid, r.schema, r.name, None,
+                r.replica_identity.value, [c.name for c in r.columns], [c.name for c in r.columns if c.is_key],
+                [c.type_oid for c in r.columns], [c.typmod for c in r.columns], None, None, None, None, None,
+                item.bronze_file)
+    if isinstance(item, SeenType):
+        t = item.type
+        return (KIND_TYPE, item.commit_lsn, None, None, None, None, None, t.oid, t.schema, t.name, None, None,
+                None, None, None, None, None, None, None, None, None, item.bronze_file)
+    raise DecodeError(f"unexpected stream item {item!r}")  # pragma: no cover
+
+
+def decode_partition(batches: Iterator) -> Iterator:
+    """mapInArrow function: bronze rows sorted by (file, ord) in, decoded rows out, in bounded batches."""
+    import pyarrow as pa
+
+    schema = _arrow_schema()
+    decoder = ChangeStreamDecoder()
+    out: list[tuple] = []
+    last = None
+
+    def flush():
+        cols = list(zip(*out))
+        return pa.RecordBatch.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(cols, schema)],
+                                          schema=schema)
+
+    for batch in batches:
+        d = batch.to_pydict()
+        for lsn, xid, data, ord_, file in zip(d["lsn"], d["xid"], d["data"], d["ord"], d["file"]):
+            last = BronzeRow(lsn, xid, data, ord_, file)
+            for item in decoder.feed(last):
+                out.append(_row_of(item))
+                if len(out) >= _OUT_BATCH_ROWS:
+                    yield flush()
+                    out = []
+    decoder.finish(last)
+    if out:
+        yield flush()
+
+
+def decode_watermark(spark, changes_path: str, source: str) -> Lsn | None:
+    """The end LSN silver has decoded up to: the newest decode commit's userMetadata (None: nothing yet)."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, changes_path):
+        return None
+    # Only decode appends this table, but OPTIMIZE/VACUUM commits may sit on top: look back a little.
+    for row in DeltaTable.forPath(spark, changes_path).history(100).orderBy("version", ascending=False).collect():
+        meta = row["userMetadata"]
+        if not meta:
+            continue
+        try:
+            end = json.loads(meta)["slotlake"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if end.get("stage") == "decode":
+            return Lsn.parse(end["end_lsn"])
+    raise DecodeError(f"{changes_path} has no slotlake decode commit in its last 100 commits; its watermark is "
+                      "unknown. Do not delete silver's Delta log history; to rebuild, move the table away and "
+                      "decode again from bronze")
+
+
+def pending_files(files: list[BronzeFile], watermark: Lsn | None) -> list[BronzeFile]:
+    """Bronze files not decoded yet: those ending after the watermark, in LSN order."""
+    return [f for f in files if watermark is None or f.end_lsn > watermark]
+
+
+def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
+    """Decode every bronze file past silver's watermark into silver/changes and _catalog. Re-running is a no-op."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    cfg.source(source)
+    paths = LakePaths.of(cfg.lake, source)
+    watermark = decode_watermark(spark, paths.changes, source)
+    todo = pending_files(list_bronze(paths.root), watermark)
+    if not todo:
+        log.info("decode %s: nothing new in bronze (silver is at %s)", source, watermark)
+        return DecodeResult(files_decoded=0, changes_written=0, end_lsn=watermark)
+    end = todo[-1].end_lsn
+    started = time.monotonic()
+    bronze = (spark.read.schema("lsn long, xid long, data binary, ord long").parquet(*[f.path for f in todo])
+              .select("lsn", "xid", "data", "ord", F.col("_metadata.file_name").alias("file")))
+    parts = max(1, min(len(todo), spark.sparkContext.defaultParallelism * 4))
+    decoded = (bronze.repartition(parts, "file").sortWithinPartitions("file", "ord")
+               .mapInArrow(decode_partition, DECODED_DDL)
+               .persist(StorageLevel.MEMORY_AND_DISK))
+    try:
+        meta_rows = decoded.filter(F.col("kind").isin(KIND_RELATION, KIND_TYPE)).collect()
+        added = _update_catalog(spark, paths.catalog, meta_rows, source=source, end_lsn=end)
+        commits = (decoded.filter(F.col("kind") == KIND_COMMIT)
+                   .select("commit_lsn", F.col("commit_end_lsn").alias("_end")))
+        changes = (decoded.filter(F.col("kind") == KIND_CHANGE).join(commits, "commit_lsn", "left")
+                   .withColumn("commit_end_lsn", F.col("_end")).select(*SILVER_COLUMNS))
+        n = changes.count()
+        (changes.write.format("delta").mode("append")
+         .option("txnAppId", app_id(source)).option("txnVersion", end.value)
+         .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(end), "stage": "decode"}}))
+         .save(paths.changes))
+    finally:
+        decoded.unpersist()
+    secs = time.monotonic() - started
+    log.info("decode %s: %d bronze files, %d changes, %d new catalog versions, silver now at %s (%.1fs, %.0f rows/s)",
+             source, len(todo), n, added, end, secs, n / secs if secs else 0)
+    return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=end, catalog_versions_added=added)
+
+
+def _update_catalog(spark, path: str, rows: list, *, source: str, end_lsn: Lsn) -> int:
+    types = {r["rel_oid"]: f"{r['schema_name']}.{r['table_name']}" for r in rows if r["kind"] == KIND_TYPE}
+    seen = []
+    for r in rows:
+        if r["kind"] != KIND_RELATION:
+            continue
+        keys = set(r["key_columns"])
+        cols = tuple(Column(name=n, type_oid=t, typmod=m, is_key=n in keys)
+                     for n, t, m in zip(r["columns"], r["type_oids"], r["typmods"]))
+        rel = Relation(oid=r["rel_oid"], schema=r["schema_name"], name=r["table_name"],
+                       replica_identity=ReplicaIdentity(r["replica_identity"]), columns=cols)
+        seen.append(RelationDefinition(commit_lsn=r["commit_lsn"], lsn=r["lsn"], relation=rel))
+    current = read_catalog(spark, path)
+    versions, added = apply_relations(current, seen, types)
+    if added:
+        write_catalog(spark, path, versions, source=source, end_lsn=end_lsn)
+    return added

@@ -1,0 +1,137 @@
+"""The decode job with real Spark + Delta, from bronze files written (by the contract) from a real peek."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pgframes import Capture, write_bronze
+from slotlake.catalog import read_catalog
+from slotlake.config import parse_config
+from slotlake.decode.pgoutput import decode_message
+from slotlake.lake import LakePaths
+from slotlake.lsn import Lsn
+from slotlake.spark.decode_job import SILVER_COLUMNS, decode_watermark, run_decode
+from slotlake.spark.session import REPO_ROOT
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+BIG = "y" * 100_000
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from slotlake.spark.session import get_spark
+
+    # Python workers must run this venv's interpreter (pyarrow, slotlake), not the python3 on PATH; PySpark
+    # reads PYSPARK_PYTHON when the SparkContext starts (spark.pyspark.python is not honoured for local masters).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    s = get_spark("slotlake-test-decode", "local[2]", {"spark.sql.shuffle.partitions": "2"})
+    yield s
+
+
+def archive(cap: Capture, bronze: Path, start: str) -> tuple[Path, str]:
+    """Peek, write the frames as one bronze file starting at `start`, advance the slot (as the extract does)."""
+    frames = cap.peek()
+    path = write_bronze(frames, bronze, Lsn.parse(start).value, cap.slot)
+    end = str(decode_message(frames[-1].data).end_lsn)
+    cap.advance(end)
+    return path, end
+
+
+def silver_rows(spark, path: str) -> list:
+    return spark.read.format("delta").load(path).orderBy("commit_lsn", "seq").collect()
+
+
+def test_decode_two_files_then_rerun_is_noop(spark, pg_db, tmp_path):
+    cfg = parse_config({"lake": str(tmp_path / "lake"), "sources": {"shop": {"dsn": pg_db}}})
+    paths = LakePaths.of(cfg.lake, "shop")
+    bronze = Path(paths.bronze)
+    cap = Capture(pg_db)
+    try:
+        cap.execute("CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(10,2))")
+        cap.execute("CREATE TABLE docs (id int PRIMARY KEY, body text, n int)")
+        cap.execute("ALTER TABLE docs ALTER body SET STORAGE EXTERNAL")
+        cap.execute("CREATE TABLE dup (a int, b text)")
+        cap.execute("ALTER TABLE dup REPLICA IDENTITY FULL")
+        # File 1
+        cap.transaction("INSERT INTO items VALUES (1, 'pen', 1.5), (2, NULL, 2)",
+                        "UPDATE items SET name = 'ink' WHERE id = 1")
+        cap.transaction("UPDATE items SET id = 3 WHERE id = 2", "DELETE FROM items WHERE id = 1")
+        cap.transaction(f"INSERT INTO docs VALUES (1, '{BIG}', 0)", "INSERT INTO dup VALUES (1, 'a'), (1, 'a')")
+        cap.transaction("UPDATE docs SET n = 1", "DELETE FROM dup WHERE ctid = (SELECT min(ctid) FROM dup)")
+        file1, end1 = archive(cap, bronze, cap.start_lsn)
+
+        first = run_decode(spark, cfg, "shop")
+        assert first.files_decoded == 1 and first.end_lsn == Lsn.parse(end1)
+        rows = silver_rows(spark, paths.changes)
+        assert first.changes_written == len(rows) == 10
+        assert spark.read.format("delta").load(paths.changes).columns == SILVER_COLUMNS
+        got = [(r.table_name, r.op, r.seq, r.old_kind, r.old, r.new, r.unchanged) for r in rows]
+        assert got == [
+            ("items", "I", 0, None, None, ["1", "pen", "1.50"], []),
+            ("items", "I", 1, None, None, ["2", None, "2.00"], []),
+            ("items", "U", 2, None, None, ["1", "ink", "1.50"], []),
+            ("items", "U", 0, "K", ["2", None, None], ["3", None, "2.00"], []),
+            ("items", "D", 1, "K", ["1", None, None], None, []),
+            ("docs", "I", 0, None, None, ["1", BIG, "0"], []),
+            ("dup", "I", 1, None, None, ["1", "a"], []),
+            ("dup", "I", 2, None, None, ["1", "a"], []),
+            ("docs", "U", 0, None, None, ["1", None, "1"], [1]),
+            ("dup", "D", 1, "O", ["1", "a"], None, []),
+        ]
+        frames_commits = {}
+        for r in rows:
+            assert r.commit_end_lsn is not None and r.commit_end_lsn > r.commit_lsn
+            frames_commits.setdefault(r.commit_lsn, r.commit_end_lsn)
+        assert max(frames_commits.values()) == Lsn.parse(end1).value
+        assert all(r.bronze_file == file1.name for r in rows)
+        items = rows[0]
+        assert items.columns == ["id", "name", "price"] and items.key_columns == ["id"]
+        assert items.type_oids == [23, 25, 1700] and items.typmods == [-1, -1, (10 << 16 | 2) + 4]
+        assert items.replica_identity == "d" and rows[6].replica_identity == "f"
+        catalog = {(v.table_name, v.version): v for v in read_catalog(spark, paths.catalog)}
+        assert sorted(catalog) == [("docs", 1), ("dup", 1), ("items", 1)]
+        v1 = catalog[("items", 1)]
+        assert v1.valid_to_lsn is None and v1.valid_from_lsn == items.commit_lsn and v1.origin == "relation"
+        assert [(c.position, c.name, c.type_name, c.typmod, c.is_key) for c in v1.columns] == [
+            (1, "id", "int4", -1, True), (2, "name", "text", -1, False), (3, "price", "numeric", 655366, False)]
+
+        # File 2: DDL changes the items definition; docs/dup are untouched.
+        cap.execute("ALTER TABLE items ADD COLUMN note varchar(10)")
+        cap.transaction("INSERT INTO items VALUES (4, 'cap', 4, 'new')")
+        cap.transaction("TRUNCATE items, dup")
+        file2, end2 = archive(cap, bronze, end1)
+
+        second = run_decode(spark, cfg, "shop")
+        assert (second.files_decoded, second.changes_written, second.end_lsn) == (1, 3, Lsn.parse(end2))
+        assert second.catalog_versions_added == 1
+        new_rows = [r for r in silver_rows(spark, paths.changes) if r.bronze_file == file2.name]
+        assert [(r.table_name, r.op, r.new, r.truncate_options) for r in new_rows] == [
+            ("items", "I", ["4", "cap", "4.00", "new"], None), ("items", "T", None, 0), ("dup", "T", None, 0)]
+        assert new_rows[0].columns == ["id", "name", "price", "note"]
+        catalog = {(v.table_name, v.version): v for v in read_catalog(spark, paths.catalog)}
+        assert sorted(catalog) == [("docs", 1), ("dup", 1), ("items", 1), ("items", 2)]
+        assert catalog[("items", 1)].valid_to_lsn == catalog[("items", 2)].valid_from_lsn == new_rows[0].commit_lsn
+        assert catalog[("items", 2)].valid_to_lsn is None
+        assert catalog[("items", 2)].columns[3].type_name == "varchar"
+        assert catalog[("items", 2)].columns[3].typmod == 14
+
+        # Re-run: nothing new, no new Delta commit anywhere.
+        from delta.tables import DeltaTable
+
+        silver_version = DeltaTable.forPath(spark, paths.changes).history(1).collect()[0].version
+        catalog_version = DeltaTable.forPath(spark, paths.catalog).history(1).collect()[0].version
+        third = run_decode(spark, cfg, "shop")
+        assert (third.files_decoded, third.changes_written, third.end_lsn) == (0, 0, Lsn.parse(end2))
+        assert DeltaTable.forPath(spark, paths.changes).history(1).collect()[0].version == silver_version
+        assert DeltaTable.forPath(spark, paths.catalog).history(1).collect()[0].version == catalog_version
+        last = DeltaTable.forPath(spark, paths.changes).history(1).collect()[0]
+        assert json.loads(last.userMetadata) == {"slotlake": {"end_lsn": end2, "stage": "decode"}}
+        assert decode_watermark(spark, paths.changes, "shop") == Lsn.parse(end2)
+    finally:
+        cap.close()
