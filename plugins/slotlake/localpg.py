@@ -48,7 +48,7 @@ class LocalPostgres:
             "listen_addresses": "'127.0.0.1'",
             "unix_socket_directories": f"'{self.dir}'",
             "fsync": "off",  # throw-away server: speed over crash safety
-            "synchronous_commit": "off",
+            "synchronous_commit": "on",  # decoding reads only flushed WAL; with fsync off this costs little
             "full_page_writes": "off",
             "max_connections": "100",
             "shared_buffers": "256MB",
