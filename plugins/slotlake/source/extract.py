@@ -8,7 +8,9 @@ One run:
   3. Per call: `pg_logical_slot_peek_binary_changes` read through ADBC (COPY binary into Arrow record batches,
      streamed, so a 10-million-row transaction passes with flat memory), written batch by batch to a Parquet
      file, the end LSN taken from the last Commit frame, the file placed atomically, and only then the slot
-     advanced to that end LSN (invariant 1: never past what is durable).
+     advanced to that end LSN (invariant 1: never past what is durable). A call that returned fewer rows than
+     `upto_nchanges` decoded everything up to `upto_lsn`, so the slot goes straight there and the run ends; a
+     run with nothing to archive moves the slot to `upto_lsn` too, so quiet publications never pin WAL.
 
 pgoutput without streaming emits a transaction whole when its commit is decoded, and a peek call stops only
 after a whole WAL record, so each call's output is whole transactions. The one thing that may follow the last
@@ -242,7 +244,12 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
                 if os.environ.get(FAILPOINT_ENV) == FAILPOINT_AFTER_WRITE:
                     raise ExtractError(f"failpoint {FAILPOINT_AFTER_WRITE}: stopped after placing {placed.name} "
                                        "and before advancing the slot (test-only)")
-                position = advance_slot(conn, source.slot, end)
+                # Fewer rows than upto_nchanges: the peek stopped at min(upto, flush position) and everything
+                # before it is in this file, so move on to there in the same advance (an advance re-reads WAL
+                # from restart_lsn, and a further empty call would decode it all again just to find nothing).
+                reached_upto = call.rows < settings.upto_nchanges
+                target = max(end, min(upto, flushed)) if reached_upto else end
+                position = advance_slot(conn, source.slot, target)
                 if position < end:
                     raise ExtractError(f"extract {source.name}: slot {source.slot} advanced only to {position}, "
                                        f"not {end}; the next run resumes from bronze")
@@ -254,6 +261,8 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
                 log.info("extract %s: call %d: %d rows, %.1f MB in %.2f s (%.0f rows/s, %.1f MB/s), reached %s -> %s",
                          source.name, calls, call.rows, call.data_bytes / 1e6, secs, call.rows / secs,
                          call.data_bytes / 1e6 / secs, end, placed.name)
+                if reached_upto:
+                    break
             if position < upto and calls >= settings.max_calls:
                 log.info("extract %s: stopped after max_calls=%d at %s (upto %s); the next run continues",
                          source.name, settings.max_calls, position, upto)
