@@ -38,7 +38,7 @@ from slotlake import bronze
 from slotlake.config import Config, SourceConfig
 from slotlake.errors import ExtractError, SlotLostError
 from slotlake.lsn import Lsn
-from slotlake.source.connection import connect, connect_bulk
+from slotlake.source.connection import connect, connect_bulk, resolve_dsn, scrub
 from slotlake.source.slot import advance_slot, current_flush_lsn, slot_info
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
                 except Exception as e:
                     tmp.unlink(missing_ok=True)  # never placed, so nothing was archived
                     raise ExtractError(f"extract {source.name}: peek on slot {source.slot} failed at {position}: "
-                                       f"{str(e).strip()}") from e
+                                       f"{scrub(str(e), resolve_dsn(source))}") from e
                 if call.rows == 0:
                     if tmp.exists():
                         tmp.unlink()
