@@ -1,0 +1,92 @@
+"""Catalog versioning (pure): a new version only when the definition changes; idempotent on re-runs."""
+from __future__ import annotations
+
+import pytest
+
+from slotlake.catalog import RelationDefinition, apply_relations, type_name, version_at
+from slotlake.decode.messages import Column, Relation, ReplicaIdentity
+
+pytestmark = pytest.mark.unit
+
+A = Relation(10, "public", "orders", ReplicaIdentity.DEFAULT, (Column("id", 23, -1, True), Column("v", 25, -1, False)))
+
+
+def seen(commit_lsn: int, rel: Relation = A, lsn: int | None = None) -> RelationDefinition:
+    return RelationDefinition(commit_lsn=commit_lsn, lsn=lsn if lsn is not None else commit_lsn - 1, relation=rel)
+
+
+def with_(rel: Relation, **kw) -> Relation:
+    from dataclasses import replace
+
+    return replace(rel, **kw)
+
+
+def test_first_definition_is_version_1_and_repeats_add_nothing():
+    versions, added = apply_relations([], [seen(100), seen(200), seen(300)], {})
+    assert added == 1 and len(versions) == 1
+    v = versions[0]
+    assert (v.version, v.valid_from_lsn, v.valid_to_lsn, v.origin) == (1, 100, None, "relation")
+    assert [(c.position, c.name, c.type_name, c.is_key, c.nullable) for c in v.columns] == [
+        (1, "id", "int4", True, None), (2, "v", "text", False, None)]
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [
+        with_(A, name="orders_renamed"),
+        with_(A, schema="sales"),
+        with_(A, replica_identity=ReplicaIdentity.FULL),
+        with_(A, columns=A.columns + (Column("n", 20, -1, False),)),
+        with_(A, columns=(A.columns[0], Column("v", 1043, 54, False))),
+        with_(A, columns=(A.columns[0], Column("w", 25, -1, False))),
+        with_(A, columns=(Column("id", 23, -1, False), A.columns[1])),
+    ],
+    ids=["rename-table", "move-schema", "replica-identity", "add-column", "retype-column", "rename-column",
+         "key-flag"],
+)
+def test_each_kind_of_change_opens_a_version_and_closes_the_previous(changed):
+    versions, added = apply_relations([], [seen(100), seen(200, changed), seen(300, changed)], {})
+    assert added == 2
+    v1, v2 = versions
+    assert (v1.version, v1.valid_from_lsn, v1.valid_to_lsn) == (1, 100, 200)
+    assert (v2.version, v2.valid_from_lsn, v2.valid_to_lsn) == (2, 200, None)
+    assert version_at(versions, 10, 150) == v1 and version_at(versions, 10, 200) == v2
+    assert version_at(versions, 10, 99) is None
+
+
+def test_rerun_over_the_same_definitions_is_idempotent():
+    b = with_(A, name="b")
+    defs = [seen(100), seen(200, b), seen(300, A)]  # A -> B -> back to A
+    first, added = apply_relations([], defs, {})
+    assert added == 3 and [v.table_name for v in first] == ["orders", "b", "orders"]
+    again, added_again = apply_relations(first, defs, {})
+    assert added_again == 0 and again == first
+
+
+def test_definitions_are_applied_in_commit_order_whatever_the_input_order():
+    b = with_(A, name="b")
+    versions, _ = apply_relations([], [seen(200, b), seen(100)], {})
+    assert [(v.table_name, v.valid_from_lsn, v.valid_to_lsn) for v in versions] == [
+        ("orders", 100, 200), ("b", 200, None)]
+
+
+def test_nullability_and_custom_type_names_carry_over():
+    from dataclasses import replace
+
+    mood = with_(A, columns=A.columns + (Column("m", 16500, -1, False),))
+    first, _ = apply_relations([], [seen(100, mood)], {16500: "public.mood"})
+    assert first[0].columns[2].type_name == "public.mood"
+    boot = replace(first[0], columns=tuple(replace(c, nullable=c.name != "id") for c in first[0].columns),
+                   origin="bootstrap")
+    renamed = with_(mood, name="orders2")
+    versions, _ = apply_relations([boot], [seen(200, renamed)], {})
+    assert [c.nullable for c in versions[1].columns] == [False, True, True]
+    assert versions[1].columns[2].type_name == "public.mood"  # no Type message this time: from the previous version
+    assert type_name(99999, {}) is None
+
+
+def test_relations_are_versioned_independently():
+    other = Relation(11, "public", "items", ReplicaIdentity.NOTHING, (Column("x", 20, -1, False),))
+    versions, added = apply_relations([], [seen(100), seen(100, other), seen(200, with_(other, name="i2"))], {})
+    assert added == 3
+    assert [(v.rel_oid, v.version, v.valid_to_lsn) for v in versions] == [(10, 1, None), (11, 1, 200), (11, 2, None)]
