@@ -98,6 +98,8 @@ StreamItem = SilverChange | SeenCommit | SeenRelation | SeenType
 
 def _text_values(values: tuple[Value, ...], row: BronzeRow, what: str) -> tuple[tuple[str | None, ...], tuple[int, ...]]:
     """Values as text (None = NULL) and the positions of unchanged-TOAST values."""
+    if UNCHANGED_TOAST not in values and bytes not in map(type, values):
+        return values, ()  # the usual case, checked at C speed: all text or NULL  # type: ignore[return-value]
     out: list[str | None] = []
     unchanged: list[int] = []
     for i, v in enumerate(values):
@@ -126,6 +128,7 @@ class ChangeStreamDecoder:
         self._seq = 0
         # Per relation: the last definition emitted, to avoid sending the same one per file to the catalog.
         self._emitted: dict[int, Relation] = {}
+        self._descriptions: dict[int, tuple] = {}
 
     def _error(self, row: BronzeRow, what: str) -> DecodeError:
         return DecodeError(f"bronze file {row.file}, ord {row.ord}, LSN {Lsn(row.lsn)}: {what}")
@@ -191,14 +194,22 @@ class ChangeStreamDecoder:
         begin = self._require_txn(row)
         seq = self._seq
         self._seq += 1
-        cols = rel.columns
+        names, keys, oids, typmods = self._described(rel)
         return SilverChange(
             commit_lsn=begin.final_lsn.value, commit_ts_us=pg_timestamp_to_unix_us(begin.commit_ts_us),
             xid=begin.xid, seq=seq, lsn=row.lsn, rel_oid=rel.oid, schema_name=rel.schema, table_name=rel.name,
-            op=op, replica_identity=rel.replica_identity.value,
-            columns=tuple(c.name for c in cols), key_columns=tuple(c.name for c in cols if c.is_key),
-            type_oids=tuple(c.type_oid for c in cols), typmods=tuple(c.typmod for c in cols),
-            bronze_file=row.file, **values)
+            op=op, replica_identity=rel.replica_identity.value, columns=names, key_columns=keys, type_oids=oids,
+            typmods=typmods, bronze_file=row.file, **values)
+
+    def _described(self, rel: Relation) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+        # Computed once per Relation message, not per row.
+        got = self._descriptions.get(rel.oid)
+        if got is None or got[0] is not rel:
+            cols = rel.columns
+            got = (rel, (tuple(c.name for c in cols), tuple(c.name for c in cols if c.is_key),
+                         tuple(c.type_oid for c in cols), tuple(c.typmod for c in cols)))
+            self._descriptions[rel.oid] = got
+        return got[1]
 
     def _change(self, row: BronzeRow, msg: Insert | Update | Delete) -> SilverChange:
         rel = self._relation(row, msg.relation_oid)
