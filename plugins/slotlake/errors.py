@@ -27,3 +27,7 @@ class DecodeError(SlotlakeError):
 
 class MergeError(SlotlakeError):
     """Changes could not be applied to a gold table (e.g. no usable replica identity)."""
+
+
+class SnapshotError(SlotlakeError):
+    """The initial copy of a table (or a resync) failed; the message names the table and the reason."""
