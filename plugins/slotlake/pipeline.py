@@ -25,10 +25,10 @@ log = logging.getLogger(__name__)
 
 def plain(value: Any) -> Any:
     """A dataclass/Lsn/datetime tree as JSON-able values (XCom and the report stay small plain dicts)."""
+    if isinstance(value, Lsn):  # before the dataclass case: Lsn is one too
+        return str(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, Lsn):
-        return str(value)
     if isinstance(value, datetime):
         return value.isoformat()
     if isinstance(value, Mapping):

@@ -66,6 +66,7 @@ def spark_app(cfg: Config, source_name: str, stage: Stage, *, tables: Sequence[s
     if tables:
         args += ["--tables", ",".join(tables)]
     conf = spark_conf(cfg.spark.master, cfg.spark.conf)
+    conf.setdefault("spark.log.level", "WARN")  # Spark's INFO start-up chatter would bury the app's own lines
     master = conf.pop("spark.master")
     env = {
         "SLOTLAKE_UNDER_SPARK_SUBMIT": "1",
