@@ -1,0 +1,697 @@
+"""The initial copy of the source tables, joined to the change stream with no gap and no overlap.
+
+Two ways to copy (docs/internals.md "Snapshot"):
+
+* **With a new slot** (first sync of a source, `resync`): the slot is created over a `replication=database`
+  connection with `CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export')`. The exported snapshot sees exactly the
+  transactions whose commit record lies before the slot's consistent point C; the slot streams the others. Every
+  table is copied under that snapshot, and its gold table gets the watermark C - 1 (merge applies commit_lsn >= C).
+  The exported snapshot lives only while the replication connection stays open and idle, so it is held open for
+  the whole copy. The start of a slot is recorded as a *generation* (`bronze/snapshot/_generations/<C>.json`).
+* **Without a slot** (a table added to a running source, or a table whose copy under the slot's snapshot died
+  halfway): the table is copied under a fresh `pg_current_snapshot()`, taken only after every transaction that
+  was running when the table joined the publication has finished (so no transaction can have changes the stream
+  misses and the copy does not see). Gold gets the same watermark C - 1 of the generation plus the snapshot, and
+  the merge skips the changes of the transactions that snapshot saw (`slotlake.merge.visibility`).
+
+Copies read on several connections in parallel (`workers`), each inside `BEGIN ISOLATION LEVEL REPEATABLE READ;
+SET TRANSACTION SNAPSHOT`, through ADBC (COPY binary into Arrow batches, streamed to Parquet: flat memory). A
+large table is split into ctid block ranges (a TID range scan each). Values are PostgreSQL text, rendered by each
+type's output function with the pinned session settings, i.e. exactly the text pgoutput sends.
+
+Files: `<lake>/<source>/bronze/snapshot/<schema>.<table>/<copy id>/part-NNNNN.parquet` (columns c0..cN, strings)
+and `manifest.json` (columns, snapshot, parts done, `complete`). Parts are written under a hidden temporary name
+and renamed into place; the manifest is rewritten atomically after every part.
+
+Test-only failpoint: `SLOTLAKE_FAILPOINT=snapshot_after_parts:N` stops the copy after N parts were recorded.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+import psycopg
+import pyarrow as pa
+import pyarrow.parquet as pq
+from psycopg import sql
+
+from slotlake import bronze
+from slotlake.config import Config, SourceConfig
+from slotlake.errors import PreflightError, SlotLostError, SnapshotError
+from slotlake.lsn import Lsn
+from slotlake.merge.visibility import CopySnapshot
+from slotlake.source.catalog_read import read_table_defs
+from slotlake.source.connection import connect, connect_bulk, resolve_dsn, scrub, session_dsn
+from slotlake.source.ddl import TableDef
+from slotlake.source.slot import PLUGIN, SlotInfo, current_wal_lsn, slot_info
+
+log = logging.getLogger(__name__)
+
+FAILPOINT_ENV = "SLOTLAKE_FAILPOINT"
+FAILPOINT_AFTER_PARTS = "snapshot_after_parts:"
+DEFAULT_WORKERS = 2
+DEFAULT_PART_PAGES = 16_384  # 128 MB of heap per part with 8 kB blocks
+MANIFEST = "manifest.json"
+GENERATIONS = "_generations"
+BARRIER_TIMEOUT_S = 600.0
+
+# Types whose cast to text is their output function (I/O conversion or binary-coercible text). Every other type
+# goes through concat(), which always calls the output function: bool::text gives 'true' (pgoutput sends 't'),
+# char(n)::text strips the padding, inet::text adds the netmask.
+_CAST_IS_OUTPUT = {20, 21, 23, 25, 26, 700, 701, 1700, 1043, 1082, 1083, 1114, 1184, 1186, 1266, 2950, 114, 3802, 17}
+
+
+# ---- records ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Generation:
+    """One slot's start: the consistent point C every copy of this generation is joined at (watermark C - 1)."""
+
+    slot: str
+    consistent_point: Lsn
+    reason: str  # "new source" | "resync" | "recovered" (slot found without a record)
+    created_at: str
+
+    @property
+    def watermark(self) -> Lsn:
+        # A commit record starting exactly at C is streamed, not in the snapshot: applied commits are those < C.
+        return Lsn(int(self.consistent_point) - 1)
+
+
+@dataclass(frozen=True)
+class TableCopy:
+    """The manifest of one copy of one table (JSON in `manifest.json`)."""
+
+    table: str  # schema.table
+    copy_id: str  # folder name: hex16 of the LSN the copy joins at (C, or the WAL position at a fresh snapshot)
+    generation: str  # hex16 of the generation's consistent point
+    kind: str  # "exported" (the slot's snapshot) | "current" (own snapshot, filtered by visibility)
+    watermark: Lsn  # gold's watermark after loading this copy
+    snapshot: str  # pg_current_snapshot() text the copy was read under
+    lsn_after: Lsn  # WAL insert position read right after that snapshot was taken
+    replica_identity: str
+    columns: tuple[dict[str, Any], ...]  # name, type_oid, type_name, typmod, is_key, not_null
+    reltuples: int
+    parts_total: int
+    parts: tuple[dict[str, Any], ...] = ()  # {"index", "name", "rows", "bytes"}
+    complete: bool = False
+    started_at: str = ""
+    finished_at: str | None = None
+
+    @property
+    def rows(self) -> int:
+        return sum(p["rows"] for p in self.parts)
+
+    @property
+    def copy_snapshot(self) -> CopySnapshot | None:
+        """The visibility filter the merge needs (None for a copy under the slot's own snapshot)."""
+        return CopySnapshot.parse(self.snapshot, self.lsn_after) if self.kind == "current" else None
+
+    def to_json(self) -> str:
+        doc = {k: (str(v) if isinstance(v, Lsn) else v) for k, v in self.__dict__.items()}
+        doc["columns"] = list(self.columns)
+        doc["parts"] = list(self.parts)
+        doc["version"] = 1
+        return json.dumps(doc, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> TableCopy:
+        doc = json.loads(text)
+        doc.pop("version", None)
+        doc["watermark"] = Lsn.parse(doc["watermark"])
+        doc["lsn_after"] = Lsn.parse(doc["lsn_after"])
+        doc["columns"] = tuple(doc["columns"])
+        doc["parts"] = tuple(doc["parts"])
+        return cls(**doc)
+
+
+@dataclass(frozen=True)
+class TableCopyResult:
+    table: str
+    kind: str
+    rows: int
+    bytes: int
+    parts: int
+    seconds: float
+    path: str
+
+
+@dataclass(frozen=True)
+class SnapshotReport:
+    """What one snapshot step did. `slot_created` is set when a slot (and a generation) was created."""
+
+    source: str
+    generation: Lsn | None
+    slot_created: bool
+    copies: tuple[TableCopyResult, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.copies)
+
+    def summary(self) -> str:
+        if not self.copies:
+            return f"snapshot {self.source}: nothing to copy" + (f" ({'; '.join(self.notes)})" if self.notes else "")
+        tables = ", ".join(f"{c.table} {c.rows} rows ({c.kind})" for c in self.copies)
+        return (f"snapshot {self.source}: copied {len(self.copies)} table(s), {self.rows} rows, "
+                f"{sum(c.bytes for c in self.copies) / 1e6:.1f} MB Parquet, joined at {self.generation}: {tables}")
+
+
+# ---- lake layout ------------------------------------------------------------------------------------------------
+
+def snapshot_dir(lake_root: str) -> Path:
+    """`<lake>/<source>/bronze/snapshot` (local filesystem, like bronze)."""
+    return bronze.bronze_dir(lake_root) / "snapshot"
+
+
+def copy_dir(lake_root: str, table: str, copy_id: str) -> Path:
+    return snapshot_dir(lake_root) / table / copy_id
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def generations(lake_root: str) -> list[Generation]:
+    """Recorded slot generations, oldest first."""
+    folder = snapshot_dir(lake_root) / GENERATIONS
+    if not folder.is_dir():
+        return []
+    out = []
+    for p in sorted(folder.glob("*.json")):
+        doc = json.loads(p.read_text(encoding="utf-8"))
+        out.append(Generation(slot=doc["slot"], consistent_point=Lsn.parse(doc["consistent_point"]),
+                              reason=doc["reason"], created_at=doc["created_at"]))
+    return sorted(out, key=lambda g: int(g.consistent_point))
+
+
+def current_generation(lake_root: str) -> Generation | None:
+    gens = generations(lake_root)
+    return gens[-1] if gens else None
+
+
+def _record_generation(lake_root: str, gen: Generation) -> None:
+    path = snapshot_dir(lake_root) / GENERATIONS / f"{gen.consistent_point.hex16}.json"
+    _write_atomic(path, json.dumps({"slot": gen.slot, "consistent_point": str(gen.consistent_point),
+                                    "reason": gen.reason, "created_at": gen.created_at}, indent=1))
+
+
+def table_copies(lake_root: str, table: str) -> list[TableCopy]:
+    """Every copy of `table` with a manifest, oldest first."""
+    folder = snapshot_dir(lake_root) / table
+    if not folder.is_dir():
+        return []
+    out = []
+    for m in sorted(folder.glob(f"*/{MANIFEST}")):
+        out.append(TableCopy.from_json(m.read_text(encoding="utf-8")))
+    return out
+
+
+def complete_copy(lake_root: str, table: str, generation: Generation) -> TableCopy | None:
+    """The newest complete copy of `table` joined to `generation` (None: the table still needs a copy)."""
+    done = [c for c in table_copies(lake_root, table)
+            if c.complete and c.generation == generation.consistent_point.hex16]
+    return done[-1] if done else None
+
+
+def part_paths(lake_root: str, copy: TableCopy) -> list[str]:
+    folder = copy_dir(lake_root, copy.table, copy.copy_id)
+    return [str(folder / p["name"]) for p in sorted(copy.parts, key=lambda p: p["index"])]
+
+
+# ---- planning -----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Part:
+    table: str
+    index: int
+    lower: int | None  # first block (None: from the start)
+    upper: int | None  # block past the end (None: to the end of the relation)
+
+
+def plan_parts(table: str, pages: int, part_pages: int, partitioned: bool) -> list[_Part]:
+    """ctid block ranges of at most `part_pages` blocks; the last one is open-ended (blocks added after the
+    size was read hold only rows the snapshot cannot see, but are scanned anyway). One part for a partitioned
+    table (its rows live in the partitions; ctid ranges have no meaning across them)."""
+    if partitioned or pages <= part_pages:
+        return [_Part(table, 0, None, None)]
+    bounds = list(range(0, pages, part_pages))
+    return [_Part(table, i, lo if i else None, bounds[i + 1] if i + 1 < len(bounds) else None)
+            for i, lo in enumerate(bounds)]
+
+
+def _value_expr(col: dict[str, Any], i: int) -> sql.Composable:
+    ident = sql.Identifier(col["name"])
+    if int(col["type_oid"]) in _CAST_IS_OUTPUT:
+        return sql.SQL("{}::text AS {}").format(ident, sql.Identifier(f"c{i}"))
+    return sql.SQL("CASE WHEN {c} IS NULL THEN NULL ELSE concat({c}) END AS {a}").format(
+        c=ident, a=sql.Identifier(f"c{i}"))
+
+
+def part_query(copy: TableCopy, part: _Part) -> sql.Composed:
+    schema, _, name = copy.table.partition(".")
+    cols = sql.SQL(", ").join(_value_expr(c, i) for i, c in enumerate(copy.columns))
+    where = []
+    if part.lower is not None:
+        where.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({part.lower},0)")))
+    if part.upper is not None:
+        where.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({part.upper},0)")))
+    query = sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(schema, name))
+    if where:
+        query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(where))
+    return query
+
+
+def _columns_of(d: TableDef) -> tuple[dict[str, Any], ...]:
+    return tuple({"name": c.name, "type_oid": c.type_oid, "type_name": c.type_name, "typmod": c.typmod,
+                  "is_key": c.is_key, "not_null": c.not_null} for c in d.replicated_columns)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+# ---- the copy -----------------------------------------------------------------------------------------------
+
+def _failpoint_parts() -> int | None:
+    value = os.environ.get(FAILPOINT_ENV, "")
+    return int(value[len(FAILPOINT_AFTER_PARTS):]) if value.startswith(FAILPOINT_AFTER_PARTS) else None
+
+
+@dataclass
+class _Progress:
+    """Per-table running totals (coordinator thread only)."""
+
+    copy: TableCopy
+    started: float
+    bytes: int = 0
+    rows: int = 0
+    done: set[int] = field(default_factory=set)
+
+
+def _copy_part(bulk, copy: TableCopy, part: _Part, folder: Path) -> dict[str, Any]:
+    """Stream one part into `part-NNNNN.parquet` (temporary name, fsync, rename). Returns its manifest entry."""
+    name = f"part-{part.index:05d}.parquet"
+    tmp = folder / f".{name}.tmp"
+    rows = 0
+    writer = None
+    cur = bulk.cursor()
+    try:
+        cur.execute(part_query(copy, part).as_string(None))
+        reader = cur.fetch_record_batch()
+        schema = pa.schema([(f"c{i}", pa.string()) for i in range(len(copy.columns))])
+        writer = pq.ParquetWriter(str(tmp), schema)
+        for batch in reader:
+            if batch.num_rows == 0:
+                continue
+            arrays = [batch.column(i) if batch.column(i).type == pa.string() else batch.column(i).cast(pa.string())
+                      for i in range(batch.num_columns)]
+            writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=schema))
+            rows += batch.num_rows
+        writer.close()
+        writer = None
+    finally:
+        if writer is not None:
+            writer.close()
+        cur.close()
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    final = folder / name
+    os.rename(tmp, final)
+    return {"index": part.index, "name": name, "rows": rows, "bytes": os.path.getsize(final)}
+
+
+def _open_in_snapshot(source: SourceConfig, snapshot_name: str):
+    """An ADBC connection inside a REPEATABLE READ transaction that imported `snapshot_name`."""
+    bulk = connect_bulk(source)
+    cur = bulk.cursor()
+    try:
+        cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        cur.execute(f"SET TRANSACTION SNAPSHOT '{snapshot_name}'")
+    finally:
+        cur.close()
+    return bulk
+
+
+def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], snapshot_name: str, pages: dict[str, int],
+                *, workers: int = DEFAULT_WORKERS, part_pages: int = DEFAULT_PART_PAGES) -> list[TableCopyResult]:
+    """Copy `copies` (manifests planned by the caller) under the exported snapshot `snapshot_name`, on `workers`
+    connections. The snapshot must stay exported (its transaction or replication connection open) meanwhile."""
+    work: queue.Queue[_Part | None] = queue.Queue()
+    progress: dict[str, _Progress] = {}
+    t0 = time.monotonic()
+    for c in copies:
+        parts = plan_parts(c.table, pages[c.table], part_pages, partitioned=pages[c.table] < 0)
+        c = replace(c, parts_total=len(parts))
+        copy_dir(lake_root, c.table, c.copy_id).mkdir(parents=True, exist_ok=True)
+        _write_atomic(copy_dir(lake_root, c.table, c.copy_id) / MANIFEST, c.to_json())
+        progress[c.table] = _Progress(c, t0)
+        for p in parts:
+            work.put(p)
+    nworkers = max(1, min(workers, work.qsize()))
+    for _ in range(nworkers):
+        work.put(None)
+    results: queue.Queue[tuple[str, _Part, dict[str, Any] | BaseException]] = queue.Queue()
+    stop = threading.Event()
+    dsn = resolve_dsn(source)
+
+    def worker() -> None:
+        try:
+            bulk = _open_in_snapshot(source, snapshot_name)
+        except BaseException as e:  # noqa: BLE001 - reported to the coordinator
+            results.put(("open", _Part("", -1, None, None), e))
+            return
+        try:
+            while not stop.is_set():
+                part = work.get()
+                if part is None:
+                    return
+                c = progress[part.table].copy
+                try:
+                    entry = _copy_part(bulk, c, part, copy_dir(lake_root, c.table, c.copy_id))
+                except BaseException as e:  # noqa: BLE001
+                    results.put((part.table, part, e))
+                    return
+                results.put((part.table, part, entry))
+        finally:
+            try:
+                bulk.close()
+            except Exception:  # noqa: BLE001 - the transaction is read-only; closing is best effort
+                pass
+
+    threads = [threading.Thread(target=worker, name=f"slotlake-snapshot-{i}", daemon=True) for i in range(nworkers)]
+    for t in threads:
+        t.start()
+    expected = sum(p.copy.parts_total for p in progress.values())
+    recorded = 0
+    failpoint = _failpoint_parts()
+    error: BaseException | None = None
+    failed_table = ""
+    try:
+        while recorded < expected:
+            if not any(t.is_alive() for t in threads) and results.empty():
+                raise SnapshotError(f"snapshot {source.name}: copy workers stopped with {expected - recorded} "
+                                    "part(s) left")
+            try:
+                table, part, outcome = results.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if isinstance(outcome, BaseException):
+                error, failed_table = outcome, table
+                break
+            pr = progress[table]
+            pr.copy = replace(pr.copy, parts=pr.copy.parts + (outcome,))
+            pr.rows += outcome["rows"]
+            pr.bytes += outcome["bytes"]
+            pr.done.add(part.index)
+            if len(pr.done) == pr.copy.parts_total:
+                pr.copy = replace(pr.copy, complete=True, finished_at=_now())
+            _write_atomic(copy_dir(lake_root, table, pr.copy.copy_id) / MANIFEST, pr.copy.to_json())
+            recorded += 1
+            secs = max(time.monotonic() - pr.started, 1e-9)
+            pct = f"{100.0 * pr.rows / pr.copy.reltuples:.0f}% of reltuples" if pr.copy.reltuples > 0 else "n/a"
+            log.info("snapshot %s: %s part %d/%d: %d rows (table %d rows, %.1f MB, %.0f rows/s, %.1f MB/s, %s)%s",
+                     source.name, table, len(pr.done), pr.copy.parts_total, outcome["rows"], pr.rows,
+                     pr.bytes / 1e6, pr.rows / secs, pr.bytes / 1e6 / secs, pct,
+                     " complete" if pr.copy.complete else "")
+            if failpoint is not None and recorded >= failpoint and recorded < expected:
+                raise SnapshotError(f"failpoint {FAILPOINT_AFTER_PARTS}{failpoint}: stopped the copy after "
+                                    f"{recorded} part(s) (test-only)")
+    finally:
+        stop.set()
+        for _ in threads:
+            work.put(None)
+        for t in threads:
+            t.join(timeout=60)
+    if error is not None:
+        if failed_table == "open":
+            raise SnapshotError(f"snapshot {source.name}: cannot open a copy connection in the snapshot: "
+                                f"{scrub(str(error), dsn)}") from error
+        raise SnapshotError(f"snapshot {source.name}: copying table {failed_table} failed: "
+                            f"{_reason(str(error), dsn)}") from error
+    secs = time.monotonic() - t0
+    out = []
+    for table, pr in progress.items():
+        out.append(TableCopyResult(table=table, kind=pr.copy.kind, rows=pr.rows, bytes=pr.bytes,
+                                   parts=pr.copy.parts_total, seconds=secs,
+                                   path=str(copy_dir(lake_root, table, pr.copy.copy_id))))
+    return out
+
+
+def _reason(message: str, dsn: str) -> str:
+    text = scrub(message, dsn)
+    if "permission denied" in text:
+        text += " (grant SELECT on the table to the replication role)"
+    return text
+
+
+def _plan_copies(conn: psycopg.Connection, tables: list[str], *, copy_id: str, gen: Generation, kind: str,
+                 snapshot_text: str, lsn_after: Lsn) -> tuple[list[TableCopy], dict[str, int]]:
+    """Manifests (not yet written) and heap sizes in blocks (-1: partitioned) of `tables`, read in `conn`'s
+    transaction (which runs under the copy's snapshot, so the definitions match it)."""
+    defs = {d.qualified_name: d for d in read_table_defs(conn, tables)}
+    copies, pages = [], {}
+    for t in tables:
+        d = defs[t]
+        if not d.replicated_columns:
+            raise SnapshotError(f"snapshot: table {t} has no columns pgoutput replicates; nothing can be copied")
+        row = conn.execute(
+            "SELECT c.relkind, greatest(c.reltuples, 0)::bigint, "
+            "pg_relation_size(c.oid) / current_setting('block_size')::int FROM pg_class c WHERE c.oid = %s",
+            (d.oid,)).fetchone()
+        pages[t] = -1 if row[0] == "p" else int(row[2])
+        copies.append(TableCopy(
+            table=t, copy_id=copy_id, generation=gen.consistent_point.hex16, kind=kind, watermark=gen.watermark,
+            snapshot=snapshot_text, lsn_after=lsn_after, replica_identity=d.replica_identity.value,
+            columns=_columns_of(d), reltuples=int(row[1]), parts_total=0, started_at=_now()))
+    return copies, pages
+
+
+def _check_select(conn: psycopg.Connection, source: SourceConfig, tables: list[str]) -> None:
+    for t in tables:
+        schema, _, name = t.partition(".")
+        ok = conn.execute("SELECT has_table_privilege(format('%%I.%%I', %s::text, %s::text), 'SELECT')",
+                          (schema, name)).fetchone()[0]
+        if not ok:
+            user = conn.execute("SELECT current_user").fetchone()[0]
+            raise SnapshotError(f"snapshot {source.name}: table {t} cannot be copied: role {user} has no SELECT on "
+                                f"it; run GRANT SELECT ON {t} TO {user}")
+
+
+def source_tables(conn: psycopg.Connection, source: SourceConfig) -> list[str]:
+    """The tables the source syncs: the configured ones, else every table in its publication."""
+    if source.tables:
+        return list(source.tables)
+    return [f"{s}.{t}" for s, t in conn.execute(
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
+        (source.publication,))]
+
+
+def create_slot_with_snapshot(cfg: Config, source: SourceConfig, *, reason: str = "new source",
+                              workers: int = DEFAULT_WORKERS, part_pages: int = DEFAULT_PART_PAGES
+                              ) -> SnapshotReport:
+    """Create the source's slot with an exported snapshot and copy every table under it (the publication must
+    exist). Records the generation first, so a copy that dies halfway is resumed (see `ensure_snapshots`)."""
+    root = f"{cfg.lake.rstrip('/')}/{source.name}"
+    dsn = resolve_dsn(source)
+    try:
+        repl = psycopg.connect(session_dsn(dsn), autocommit=True, replication="database",
+                               application_name="slotlake-snapshot")
+    except psycopg.Error as e:
+        raise PreflightError(f"source {source.name}: cannot open a replication connection: {scrub(str(e), dsn)}; "
+                             "the role needs REPLICATION and pg_hba.conf must allow it") from None
+    with repl:
+        try:
+            row = repl.execute(sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} (SNAPSHOT 'export')").format(
+                sql.Identifier(source.slot), sql.Identifier(PLUGIN))).fetchone()
+        except psycopg.Error as e:
+            raise PreflightError(f"source {source.name}: cannot create replication slot {source.slot}: "
+                                 f"{scrub(str(e), dsn)}") from None
+        consistent, snapshot_name = Lsn.parse(row[1]), row[2]
+        gen = Generation(slot=source.slot, consistent_point=consistent, reason=reason, created_at=_now())
+        _record_generation(root, gen)
+        log.info("source %s: created replication slot %s (pgoutput) at consistent point %s with exported snapshot "
+                 "%s (%s)", source.name, source.slot, consistent, snapshot_name, reason)
+        with connect(source, autocommit=False) as conn:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ  # psycopg's BEGIN carries it
+            conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+            tables = source_tables(conn, source)
+            _check_select(conn, source, tables)
+            snap_text = conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]
+            copies, pages = _plan_copies(conn, tables, copy_id=consistent.hex16, gen=gen, kind="exported",
+                                         snapshot_text=snap_text, lsn_after=consistent)
+            results = copy_tables(root, source, copies, snapshot_name, pages, workers=workers, part_pages=part_pages)
+            conn.rollback()
+    report = SnapshotReport(source=source.name, generation=consistent, slot_created=True, copies=tuple(results))
+    log.info("%s", report.summary())
+    return report
+
+
+def _publication_barrier(conn: psycopg.Connection, source: SourceConfig, timeout: float) -> None:
+    """Wait until every transaction running now has ended. Called after the tables joined the publication: a
+    transaction that changed a table before it joined is not streamed, so it must be visible to the copy."""
+    xmax = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())").fetchone()[0]
+    deadline = time.monotonic() + timeout
+    while True:
+        xmin = conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())").fetchone()[0]
+        if int(xmin) >= int(xmax):
+            return
+        if time.monotonic() > deadline:
+            raise SnapshotError(f"snapshot {source.name}: transactions older than xid {xmax} are still running "
+                                f"after {timeout:.0f} s (see pg_stat_activity); the copy waits for them so that no "
+                                "change is missed; end them or retry later")
+        time.sleep(0.2)
+
+
+def copy_tables_now(cfg: Config, source: SourceConfig, tables: list[str], gen: Generation, *,
+                    workers: int = DEFAULT_WORKERS, part_pages: int = DEFAULT_PART_PAGES,
+                    barrier_timeout: float = BARRIER_TIMEOUT_S) -> list[TableCopyResult]:
+    """Copy `tables` (already in the publication) under a fresh snapshot, joined to generation `gen` with a
+    visibility filter: for tables added to a running source and copies resumed after a failure."""
+    root = f"{cfg.lake.rstrip('/')}/{source.name}"
+    with connect(source) as ctl:
+        _check_select(ctl, source, tables)
+        _publication_barrier(ctl, source, barrier_timeout)
+    with connect(source, autocommit=False) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        snapshot_name, snap_text = conn.execute("SELECT pg_export_snapshot(), pg_current_snapshot()::text").fetchone()
+        # Read after the snapshot: every transaction it saw has its commit record before this position.
+        lsn_after = Lsn.parse(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+        copies, pages = _plan_copies(conn, tables, copy_id=lsn_after.hex16, gen=gen, kind="current",
+                                     snapshot_text=snap_text, lsn_after=lsn_after)
+        log.info("snapshot %s: copying %s under snapshot %s (WAL %s), joined to slot generation %s",
+                 source.name, ", ".join(tables), snap_text, lsn_after, gen.consistent_point)
+        results = copy_tables(root, source, copies, snapshot_name, pages, workers=workers, part_pages=part_pages)
+        conn.rollback()
+    return results
+
+
+def ensure_snapshots(cfg: Config, source: SourceConfig, *, workers: int = DEFAULT_WORKERS,
+                     part_pages: int = DEFAULT_PART_PAGES) -> SnapshotReport:
+    """The pipeline's snapshot step, after preflight and before extract: copy every table of the source that has
+    no complete copy in the current slot generation (a table added to the config, or a copy that died halfway).
+    A no-op when all are copied. Sources synced before snapshots existed (bronze but no generation) are left."""
+    root = f"{cfg.lake.rstrip('/')}/{source.name}"
+    with connect(source) as conn:
+        info = slot_info(conn, source.slot)
+        tables = source_tables(conn, source)
+    gen = current_generation(root)
+    if info is None:
+        raise SlotLostError(f"slot {source.slot} does not exist; run `slotlake sync {source.name}` (its preflight "
+                            f"creates it with the initial copy) or `slotlake resync {source.name}`")
+    if gen is None or gen.slot != source.slot:
+        if bronze.max_archived_end(root) is not None:
+            note = "bronze predates slot generations: tables are not copied (run `slotlake resync` to copy them)"
+            log.info("snapshot %s: %s", source.name, note)
+            return SnapshotReport(source=source.name, generation=None, slot_created=False, notes=(note,))
+        # The slot was created but its generation was not recorded (died in between): nothing was streamed yet,
+        # so the slot's confirmed position is its consistent point.
+        gen = Generation(slot=source.slot, consistent_point=info.confirmed_flush_lsn, reason="recovered",
+                         created_at=_now())
+        _record_generation(root, gen)
+    missing = [t for t in tables if complete_copy(root, t, gen) is None]
+    if not missing:
+        return SnapshotReport(source=source.name, generation=gen.consistent_point, slot_created=False)
+    started = [t for t in missing if table_copies(root, t)]
+    if started:
+        log.warning("snapshot %s: %s have an unfinished copy; their snapshot is gone, so they are copied again "
+                    "under a new one (the finished tables are kept)", source.name, ", ".join(started))
+    results = copy_tables_now(cfg, source, missing, gen, workers=workers, part_pages=part_pages)
+    report = SnapshotReport(source=source.name, generation=gen.consistent_point, slot_created=False,
+                            copies=tuple(results))
+    log.info("%s", report.summary())
+    return report
+
+
+def pending_loads(lake_root: str, tables: list[str]) -> Iterator[TableCopy]:
+    """Complete copies of the current generation (what the gold load reads); tables without one are skipped."""
+    gen = current_generation(lake_root)
+    if gen is None:
+        return
+    for t in tables:
+        c = complete_copy(lake_root, t, gen)
+        if c is not None:
+            yield c
+
+
+# ---- resync -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ResyncReport:
+    source: str
+    old_slot: SlotInfo | None
+    old_slot_dropped: bool
+    old_bronze_end: Lsn | None
+    snapshot: SnapshotReport
+
+    def lines(self) -> list[str]:
+        old = self.old_slot
+        if old is None:
+            state = "missing (dropped by hand, or never created)"
+        else:
+            state = (f"{old.name} wal_status={old.wal_status} invalidated={old.invalidated or 'no'} "
+                     f"confirmed_flush={old.confirmed_flush_lsn}")
+        out = [f"resync {self.source}: old slot: {state}" + (" (dropped)" if self.old_slot_dropped else ""),
+               f"  bronze of the old slot ends at {self.old_bronze_end} (kept as history)",
+               f"  new slot at consistent point {self.snapshot.generation}; gold is rebuilt from the copy and "
+               f"changes apply from there"]
+        out += [f"  copied {c.table}: {c.rows} rows in {c.parts} part(s), {c.bytes / 1e6:.1f} MB"
+                for c in self.snapshot.copies]
+        return out
+
+
+def resync(cfg: Config, source: SourceConfig, *, workers: int = DEFAULT_WORKERS,
+           part_pages: int = DEFAULT_PART_PAGES) -> ResyncReport:
+    """Start the source over from a new slot: drop the old slot if it still exists, create a new one with an
+    exported snapshot and copy every table (a new generation). The gold load (`load_snapshots`) then replaces
+    every gold table in a new Delta version. Old bronze and silver stay as history: the new slot's LSNs are past
+    every old bronze file, and the new watermark skips old silver changes."""
+    root = f"{cfg.lake.rstrip('/')}/{source.name}"
+    archived = bronze.max_archived_end(root)
+    with connect(source) as conn:
+        now = current_wal_lsn(conn)
+        if archived is not None and archived >= now:
+            # Only possible when the server's WAL went backwards (restored from a backup): extract's crash
+            # recovery would advance the new slot to the old bronze end and skip real changes.
+            raise SnapshotError(f"resync {source.name}: bronze holds files up to {archived}, past the server's WAL "
+                                f"position {now} (was the server restored from a backup?); move "
+                                f"{bronze.bronze_dir(root)} aside (keep it as history) and run resync again")
+        old = slot_info(conn, source.slot)
+        dropped = False
+        if old is not None:
+            if old.active:
+                raise SnapshotError(f"resync {source.name}: slot {source.slot} is in use by another process "
+                                    "(active); stop the other sync first")
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (source.slot,))
+            dropped = True
+            log.warning("resync %s: dropped slot %s (wal_status=%s, invalidated=%s, confirmed_flush=%s)",
+                        source.name, source.slot, old.wal_status, old.invalidated, old.confirmed_flush_lsn)
+    snap = create_slot_with_snapshot(cfg, source, reason="resync", workers=workers, part_pages=part_pages)
+    report = ResyncReport(source=source.name, old_slot=old, old_slot_dropped=dropped, old_bronze_end=archived,
+                          snapshot=snap)
+    for line in report.lines():
+        log.info("%s", line)
+    return report
