@@ -254,8 +254,8 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     source_df: DataFrame | None = None
     try:
         if plan is not None:
-            typed = _typed(after, plan).persist(StorageLevel.MEMORY_AND_DISK)
-            quarantined = _quarantine(session, src, paths, plan, typed, end)
+            typed = typed_changes(after, plan).persist(StorageLevel.MEMORY_AND_DISK)
+            quarantined = quarantine_bad_values(session, src, paths, plan, typed, end)
             if plan.strategy is KeyStrategy.KEYED:
                 source_df = _keyed_source(plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
             elif plan.strategy is KeyStrategy.FULL_ROW:
@@ -291,7 +291,7 @@ def _last_commit(session: SparkSession, gold: str) -> tuple[int, dict[str, str]]
 
 # ---- typing ------------------------------------------------------------------------------------------------
 
-def _typed(changes: DataFrame, plan: TablePlan) -> DataFrame:
+def typed_changes(changes: DataFrame, plan: TablePlan) -> DataFrame:
     """Add per column i: __n{i} typed new value, __r{i} reason it cannot be held, __u{i} unchanged TOAST flag,
     and __o{i} typed old value where the strategy needs it (key columns; every column for FULL)."""
     shape = plan.shape
@@ -306,8 +306,8 @@ def _typed(changes: DataFrame, plan: TablePlan) -> DataFrame:
     return changes.select(*cols)
 
 
-def _quarantine(session: SparkSession, src: SourceConfig, paths: LakePaths, plan: TablePlan, typed: DataFrame,
-                end: Lsn) -> int:
+def quarantine_bad_values(session: SparkSession, src: SourceConfig, paths: LakePaths, plan: TablePlan,
+                          typed: DataFrame, end: Lsn) -> int:
     """Record values the gold type cannot hold; with on_bad_value: fail, refuse the merge instead."""
     shape = plan.shape
     bad = F.array(*[F.struct(F.lit(c).alias("column_name"), F.lit(o).alias("type_oid"),
