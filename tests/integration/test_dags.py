@@ -1,0 +1,141 @@
+"""The Airflow front end: the DAG file parses cleanly, and one real `airflow dags test` run syncs a real database."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from demo import ROUND_1, ROUND_2, SCHEMA, TABLES  # noqa: E402
+from oracle import assert_gold_equals_pg  # noqa: E402
+
+from slotlake.airflow.local import dags_test, local_airflow_env, migrate, run_airflow  # noqa: E402
+from slotlake.config import load_config  # noqa: E402
+from slotlake.pipeline import task_preflight  # noqa: E402
+
+
+def write_config(path: Path, dsn: str, sources: tuple[str, ...] = ("shop",)) -> Path:
+    body = "".join(f"  {s}:\n    dsn: {dsn}\n    tables: [{', '.join(TABLES)}]\n    schedule: \"15 * * * *\"\n"
+                   f"    slot: slotlake_{s}\n" for s in sources)
+    path.write_text(f"lake: ./lake\nspark: {{master: \"local[2]\"}}\nsources:\n{body}")
+    return path
+
+
+def json_output(stdout: str) -> list:
+    """The JSON document of an `airflow ... -o json` command (its warnings go to stdout too)."""
+    return json.loads(next(line for line in reversed(stdout.splitlines()) if line.startswith("[")))
+
+
+@pytest.fixture(scope="module")
+def airflow_home(tmp_path_factory):
+    """One migrated SQLite metadata DB for the module (migrating takes seconds)."""
+    home = tmp_path_factory.mktemp("airflow")
+    cfg = write_config(home / "placeholder.yaml", "postgresql://nobody@127.0.0.1:1/none")
+    migrate(local_airflow_env(home, cfg))
+    return home
+
+
+@pytest.mark.integration
+@pytest.mark.airflow
+def test_dag_file_parses_without_import_errors(airflow_home, tmp_path):
+    cfg = write_config(tmp_path / "slotlake.yaml", "postgresql://nobody@127.0.0.1:1/none", ("shop", "billing"))
+    env = local_airflow_env(airflow_home, cfg)
+    errors = run_airflow(env, "dags", "list-import-errors", "--local", "-o", "json")
+    assert json_output(errors.stdout) == []
+    listed = run_airflow(env, "dags", "list", "--local", "-o", "json")
+    ids = {d["dag_id"] for d in json_output(listed.stdout)}
+    assert {"slotlake_sync__shop", "slotlake_sync__billing"} <= ids
+
+
+# Loads dags/ with Airflow's DagBag in a child process (so this test process keeps no Airflow state) and prints
+# what the tests check as JSON.
+_PROBE = """
+import json
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder=%r)
+out = {"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": {}}
+for dag_id, dag in bag.dags.items():
+    tasks = {t.task_id: {"type": type(t).__name__, "application": getattr(t, "application", None),
+                         "args": getattr(t, "application_args", None), "conf": getattr(t, "conf", None),
+                         "env": getattr(t, "env_vars", None), "conn_id": getattr(t, "_conn_id", None)}
+             for t in dag.tasks}
+    out["dags"][dag_id] = {"timetable": type(dag.timetable).__name__,
+                           "cron": getattr(dag.timetable, "expression", None),
+                           "tz": str(getattr(dag.timetable, "timezone", None)),
+                           "max_active_runs": dag.max_active_runs, "catchup": dag.catchup,
+                           "order": [t.task_id for t in dag.topological_sort()], "tasks": tasks}
+print("PROBE" + json.dumps(out))
+"""
+
+
+def load_dagbag(env: dict[str, str]) -> dict:
+    import subprocess
+
+    p = subprocess.run([sys.executable, "-c", _PROBE % str(ROOT / "dags")], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = next(x for x in p.stdout.splitlines() if x.startswith("PROBE"))
+    return json.loads(line[len("PROBE"):])
+
+
+@pytest.mark.integration
+@pytest.mark.airflow
+def test_dag_shape_schedule_and_spark_submit(airflow_home, tmp_path):
+    cfg = write_config(tmp_path / "slotlake.yaml", "postgresql://nobody@127.0.0.1:1/none")
+    bag = load_dagbag(local_airflow_env(airflow_home, cfg))
+    assert bag["errors"] == {}
+    dag = bag["dags"]["slotlake_sync__shop"]
+    assert dag["max_active_runs"] == 1 and dag["catchup"] is False
+    assert (dag["timetable"], dag["cron"], dag["tz"]) == ("CronDataIntervalTimetable", "15 * * * *", "UTC")
+    assert dag["order"] == ["preflight", "extract", "decode", "merge", "report"]
+    for stage in ("decode", "merge"):
+        t = dag["tasks"][stage]
+        assert t["type"] == "SparkSubmitOperator"
+        assert t["application"] == str(ROOT / "spark_apps" / f"{stage}.py")
+        assert t["args"] == ["--config", str(cfg.resolve()), "--source", "shop"]
+        assert any("delta-spark" in j and j.endswith(".jar") for j in t["conf"]["spark.jars"].split(","))
+        python = Path(t["env"]["PYSPARK_PYTHON"])  # this venv's interpreter (python or python3)
+        assert python.parent == ROOT / ".venv" / "bin" and python.name.startswith("python")
+        assert t["conn_id"] == "slotlake_spark"
+
+
+@pytest.mark.integration
+@pytest.mark.airflow
+def test_missing_config_gives_no_dags_and_no_import_error(airflow_home, tmp_path):
+    env = local_airflow_env(airflow_home, tmp_path / "unused.yaml")
+    del env["SLOTLAKE_CONFIG"]
+    bag = load_dagbag(env)
+    assert bag["errors"] == {} and not [d for d in bag["dags"] if d.startswith("slotlake_")]
+
+
+@pytest.mark.integration
+@pytest.mark.airflow
+def test_bad_config_is_an_import_error_naming_the_key(airflow_home, tmp_path):
+    cfg = tmp_path / "slotlake.yaml"
+    cfg.write_text("lake: ./lake\nsources:\n  shop:\n    dsn: postgresql://x@127.0.0.1/shop\n    delete_mod: soft\n")
+    bag = load_dagbag(local_airflow_env(airflow_home, cfg))
+    [message] = bag["errors"].values()
+    assert "sources.shop.delete_mod: unknown key; did you mean 'delete_mode'?" in message
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+@pytest.mark.airflow
+def test_sync_dag_run_gold_equals_postgres(pg_db, airflow_home, tmp_path):
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    cfg = write_config(tmp_path / "slotlake.yaml", pg_db)
+    task_preflight(load_config(str(cfg)), "shop")  # the slot exists before the first change
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for s in ROUND_1 + ROUND_2:  # one batch holding inserts, key changes, deletes and a TRUNCATE
+            conn.execute(s)
+    out = dags_test(local_airflow_env(airflow_home, cfg), "slotlake_sync__shop")
+    assert "sync shop: archived" in out  # the report task's summary line
+    for table in TABLES:
+        schema, name = table.split(".")
+        assert_gold_equals_pg(None, str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
