@@ -1,0 +1,132 @@
+"""Pure parts of the front ends: the spark-submit command, failure summaries, Delta commit records, the CLI."""
+from __future__ import annotations
+
+import json
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from slotlake import delta_log
+from slotlake.cli import COMMANDS, build_parser, one_line
+from slotlake.config import parse_config
+from slotlake.errors import ConfigError
+from slotlake.pipeline import plain
+from slotlake.lsn import Lsn
+from slotlake.spark.submit import code_zip, failure_line, is_local_master, spark_app, spark_submit_command
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def config(master: str = "local[2]", conf: dict | None = None, path: str | None = "/etc/slotlake.yaml"):
+    raw = {"lake": "/lake", "spark": {"master": master, "conf": conf or {}},
+           "sources": {"shop": {"dsn": "postgresql://u@127.0.0.1/shop"}}}
+    return parse_config(raw, path=path)
+
+
+@pytest.mark.parametrize("master,local", [("local", True), ("local[2]", True), ("local[*]", True),
+                                          ("local[4,2]", True), ("spark://m:7077", False), ("yarn", False),
+                                          ("k8s://https://k:443", False)], ids=str)
+def test_is_local_master(master, local):
+    assert is_local_master(master) is local
+
+
+def test_local_command_has_master_jars_app_and_args_and_no_py_files():
+    app = spark_app(config(), "shop", "merge", tables=["public.a", "public.b"])
+    cmd = spark_submit_command(app)
+    assert cmd[0] == str(Path(sys.prefix) / "bin" / "spark-submit")
+    assert cmd[1:5] == ["--master", "local[2]", "--name", "slotlake-merge-shop"]
+    assert "--py-files" not in cmd
+    assert cmd[-7:] == [str(ROOT / "spark_apps" / "merge.py"), "--config", "/etc/slotlake.yaml", "--source", "shop",
+                        "--tables", "public.a,public.b"]
+    confs = dict(c.split("=", 1) for c in cmd[cmd.index("--conf") + 1::2][: len(app.conf)])
+    assert "delta-spark" in confs["spark.jars"] and "spark.master" not in confs
+    assert app.env["SLOTLAKE_UNDER_SPARK_SUBMIT"] == "1" and app.env["PYSPARK_PYTHON"] == sys.executable
+
+
+def test_user_conf_overrides_and_cluster_master_ships_code(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLOTLAKE_WORK_DIR", str(tmp_path))
+    app = spark_app(config("spark://m:7077", {"spark.executor.memory": "3g", "spark.log.level": "INFO"}), "shop",
+                    "decode")
+    cmd = spark_submit_command(app)
+    assert "spark.executor.memory=3g" in cmd and "spark.log.level=INFO" in cmd
+    zip_path = cmd[cmd.index("--py-files") + 1]
+    names = zipfile.ZipFile(zip_path).namelist()
+    assert "slotlake/pipeline.py" in names and "slotlake/spark/submit.py" in names
+    assert code_zip() == zip_path  # same sources: the same zip, not rebuilt
+
+
+def test_config_not_from_a_file_is_refused():
+    with pytest.raises(ConfigError, match="from a file"):
+        spark_app(config(path=None), "shop", "decode")
+
+
+@pytest.mark.parametrize("lines,expected", [
+    (["x", "slotlake decode shop: bronze file 0000 is unreadable", "py4j shutting down"],
+     "slotlake decode shop: bronze file 0000 is unreadable"),
+    (["Traceback (most recent call last):", '  File "a.py", line 1', "slotlake.errors.MergeError: no key",
+      "log4j: stopping"], "slotlake.errors.MergeError: no key"),
+    (["Exception in thread main java.lang.OutOfMemoryError: heap", "\tat org.x"],
+     "Exception in thread main java.lang.OutOfMemoryError: heap"),
+    (["just this", ""], "just this"),
+    ([], "(no output)"),
+], ids=["app-message", "python-exception", "jvm-exception", "last-line", "empty"])
+def test_failure_line(lines, expected):
+    assert failure_line(lines) == expected
+
+
+def _commit(log_dir: Path, version: int, info: dict, *actions: dict) -> None:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"commitInfo": info}), *(json.dumps(a) for a in actions)]
+    (log_dir / f"{version:020d}.json").write_text("\n".join(lines) + "\n")
+
+
+def test_delta_commits_newest_first_with_slotlake_metadata(tmp_path):
+    table = tmp_path / "gold" / "public" / "orders"
+    meta = json.dumps({"slotlake": {"end_lsn": "0/1A2B", "stage": "merge"}})
+    _commit(table / "_delta_log", 0, {"timestamp": 1_700_000_000_000, "operation": "WRITE",
+                                      "operationMetrics": {"numOutputRows": "5"}, "userMetadata": meta})
+    _commit(table / "_delta_log", 1, {"timestamp": 1_700_000_100_000, "operation": "OPTIMIZE",
+                                      "operationMetrics": {"numRemovedFiles": "3"}, "userMetadata": "free text"},
+            {"add": {"path": "x.parquet"}})
+    (table / "_delta_log" / "00000000000000000001.checkpoint.parquet").write_bytes(b"")  # not a commit file
+    commits = list(delta_log.commits(str(table)))
+    assert [c.version for c in commits] == [1, 0]
+    assert commits[0].slotlake is None and commits[0].metrics == {"numRemovedFiles": 3}
+    last = delta_log.latest_slotlake_commit(str(table), "merge")
+    assert (last.version, last.end_lsn, last.metrics["numOutputRows"]) == (0, "0/1A2B", 5)
+    assert last.timestamp.isoformat() == "2023-11-14T22:13:20+00:00"
+    assert delta_log.latest_slotlake_commit(str(table), "decode") is None
+    assert delta_log.gold_tables(str(tmp_path)) == [("public", "orders")]
+    assert list(delta_log.commits(str(tmp_path / "missing"))) == []
+
+
+def test_delta_log_refuses_object_store_paths():
+    with pytest.raises(Exception, match="local lakes only"):
+        delta_log.local_path("s3a://bucket/lake")
+
+
+def test_plain_makes_lsns_text_and_tuples_lists():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class R:
+        lsn: Lsn
+        files: tuple[str, ...]
+
+    assert plain(R(Lsn.parse("16/B374D848"), ("a", "b"))) == {"lsn": "16/B374D848", "files": ["a", "b"]}
+
+
+def test_cli_parser_knows_every_command_and_requires_a_source():
+    parser = build_parser()
+    for c in COMMANDS:
+        args = parser.parse_args(["--config", "c.yaml", c.name, "shop"])
+        assert args.run is c.run and args.source == "shop" and args.config == "c.yaml"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["sync"])
+
+
+def test_one_line_collapses_multiline_messages():
+    assert one_line(ValueError("first\n  second\tthird ")) == "first second third"
