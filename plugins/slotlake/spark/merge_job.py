@@ -32,6 +32,7 @@ from slotlake.lsn import Lsn
 from slotlake.merge.plan import (COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, TXN_APP_ID, TXN_VERSION, USER_METADATA,
                                  KeyStrategy, TablePlan, TableShape, latest_watermark, merge_commit_conf, plan_table,
                                  schema_mismatch)
+from slotlake.merge.visibility import CopySnapshot, not_seen_by_copy
 
 log = logging.getLogger(__name__)
 
@@ -87,21 +88,28 @@ class MergeReport:
 
 # ---- watermarks --------------------------------------------------------------------------------------------
 
-def delta_watermark(spark: SparkSession, path: str) -> Lsn | None:
-    """The end LSN recorded by the newest slotlake commit of the Delta table at `path` (None: none/no table)."""
+@dataclass(frozen=True)
+class DeltaState:
+    """What a Delta table's history says: its latest version and the newest slotlake watermark."""
+
+    version: int | None  # None: no Delta table at the path
+    watermark: Lsn | None
+
+
+def delta_state(spark: SparkSession, path: str) -> DeltaState:
+    """Latest version and watermark (end LSN of the newest commit with slotlake userMetadata) of `path`."""
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, path):
-        return None
-    rows = (DeltaTable.forPath(spark, path).history().where(F.col("userMetadata").contains("slotlake"))
-            .select("version", "userMetadata").orderBy(F.col("version").desc()).limit(20).collect())
-    return latest_watermark([(r["version"], r["userMetadata"]) for r in rows])
+        return DeltaState(None, None)
+    rows = DeltaTable.forPath(spark, path).history().select("version", "userMetadata").collect()
+    return DeltaState(max(r["version"] for r in rows),
+                      latest_watermark([(r["version"], r["userMetadata"]) for r in rows]))
 
 
-def _latest_version(spark: SparkSession, path: str) -> int:
-    from delta.tables import DeltaTable
-
-    return int(DeltaTable.forPath(spark, path).history(1).collect()[0]["version"])
+def delta_watermark(spark: SparkSession, path: str) -> Lsn | None:
+    """The end LSN recorded by the newest slotlake commit of the Delta table at `path` (None: none/no table)."""
+    return delta_state(spark, path).watermark
 
 
 # ---- the run -----------------------------------------------------------------------------------------------
@@ -118,7 +126,7 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
 
     src = cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
-    end = delta_watermark(spark, paths.changes)
+    end = delta_state(spark, paths.changes).watermark
     if end is None:
         log.info("merge %s: silver has no decoded changes yet (%s)", source, paths.changes)
         return MergeReport(source, None, ())
@@ -199,26 +207,26 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
 
     name = f"{schema}.{table}"
     gold = paths.gold(schema, table)
-    exists = DeltaTable.isDeltaTable(session, gold)
-    mark = delta_watermark(session, gold) if exists else None
+    state = delta_state(session, gold)
+    exists, mark = state.version is not None, state.watermark
     if mark is not None and mark >= end:
-        return TableMergeResult(schema, table, 0, _latest_version(session, gold), up_to_date=True)
+        return TableMergeResult(schema, table, 0, state.version, up_to_date=True)
     batch = (session.read.format("delta").load(paths.changes)
              .where((F.col("schema_name") == schema) & (F.col("table_name") == table)
                     & (F.col("commit_lsn") <= int(end))))
     if mark is not None:
         batch = batch.where(F.col("commit_lsn") > int(mark))
+    shape_cols = F.struct("columns", "type_oids", "typmods", "key_columns", "replica_identity")
     stats = batch.agg(
         F.count(F.lit(1)).alias("n"),
         F.max(F.when(F.col("op") == "T", F.struct("commit_lsn", "seq", "commit_ts"))).alias("trunc"),
+        F.collect_set(F.when(F.col("op") != "T", shape_cols)).alias("shapes"),
     ).collect()[0]
     n = int(stats["n"])
     if n == 0:
-        return TableMergeResult(schema, table, 0, _latest_version(session, gold) if exists else None)
+        return TableMergeResult(schema, table, 0, state.version)
     trunc = _Truncate(*stats["trunc"]) if stats["trunc"] is not None else None
-    shapes = (batch.where(F.col("op") != "T")
-              .select("columns", "type_oids", "typmods", "key_columns", "replica_identity").distinct()
-              .limit(3).collect())
+    shapes = stats["shapes"]
     if len(shapes) > 1:
         raise MergeError(
             f"{name}: the table's definition changes within the changes up to {end} "
@@ -280,6 +288,12 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     log.info("merged %s: %d change(s) up to %s -> gold version %s (+%d ~%d -%d rows, %d quarantined)",
              name, n, end, version, result.rows_inserted, result.rows_updated, result.rows_deleted, quarantined)
     return result
+
+
+def _copy_snapshot(session: SparkSession, gold: str) -> CopySnapshot | None:
+    from slotlake.spark.snapshot_job import gold_copy_snapshot  # imported late: snapshot_job imports this module
+
+    return gold_copy_snapshot(session, gold)
 
 
 def _last_commit(session: SparkSession, gold: str) -> tuple[int, dict[str, str]]:
@@ -378,20 +392,22 @@ def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -
                                          ignorenulls=True).over(before))
               .withColumn("first_id", F.first("__id").over(w.rowsBetween(Window.unboundedPreceding, 0))))
     touching = events.where(F.col("kind") != "arrive")
-    broken = touching.where(F.col("prev.kind") == "leave").limit(1).collect()
-    if broken:
-        b = broken[0]
-        raise MergeError(f"{shape.qualified}: the change at LSN {Lsn(b['__id']['commit_lsn'])} (seq {b['__id']['seq']}) "
-                         f"updates or deletes key {b['key']} after an earlier change in the batch removed it; "
-                         "the silver changes are inconsistent (were they decoded twice or out of order?)")
     # Link of each change to the lineage it continues: itself (insert), the gold row (rid = first change on the
     # key, which has no earlier arrival), or the change that last brought a row to this key (resolved below).
+    # `broken`: the key was left by an earlier change and nothing arrived since: an inconsistent stream.
     links = (touching.select(
         "__id",
         F.when(F.col("prev").isNull(), F.col("first_id")).alias("rid"),
-        F.when(F.col("prev").isNotNull(), F.col("prev.__id")).alias("ptr"))
-        .unionByName(ch.where(F.col("op") == "I").select("__id", F.col("__id").alias("rid"),
-                                                         F.lit(None).cast(cid_type(ch)).alias("ptr"))))
+        F.when(F.col("prev.kind") == "arrive", F.col("prev.__id")).alias("ptr"),
+        F.when(F.col("prev.kind") == "leave", F.col("key")).alias("broken"))
+        .unionByName(ch.where(F.col("op") == "I").select("__id", F.col("__id").alias("rid")),
+                     allowMissingColumns=True)).localCheckpoint()
+    broken = links.where(F.col("broken").isNotNull()).limit(1).collect()
+    if broken:
+        b = broken[0]
+        raise MergeError(f"{shape.qualified}: the change at LSN {Lsn(b['__id']['commit_lsn'])} (seq {b['__id']['seq']}) "
+                         f"updates or deletes key {b['broken']} after an earlier change in the batch removed it; "
+                         "the silver changes are inconsistent (were they decoded twice or out of order?)")
     links = _resolve_lineage(links, shape.qualified)
 
     # Fill unchanged TOAST along each lineage, seeded by the gold row when the lineage starts from it.
@@ -420,7 +436,7 @@ def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -
              .unionByName(filled.where(F.col("op").isin("I", "U"))
                           .select(F.col("__nk").alias("key"), "__id", F.lit("U").alias("__action"), *vals, *meta)))
     final = (final.withColumn("__rn", F.row_number().over(Window.partitionBy("key").orderBy(F.col("__id").desc())))
-             .where(F.col("__rn") == 1))
+             .where(F.col("__rn") == 1)).localCheckpoint()  # checked below, then merged: compute once
     gap = final.where((F.col("__action") == "U") & (F.size("__missing") > 0)).limit(1).collect()
     if gap:
         g = gap[0]
@@ -434,16 +450,11 @@ def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -
                         (F.size("__missing") > 0).alias("__partial"))
 
 
-def cid_type(df: DataFrame):
-    return df.schema["__id"].dataType
-
-
 def _resolve_lineage(links: DataFrame, name: str) -> DataFrame:
     """Pointer jumping until every change knows the first change of its lineage (`rid`).
 
     Only chains through key changes need rounds: one per doubling of the longest chain of key changes.
     """
-    links = links.localCheckpoint()
     for _ in range(_MAX_LINEAGE_ROUNDS):
         if links.where(F.col("rid").isNull()).limit(1).count() == 0:
             return links.select("__id", "rid")

@@ -1,0 +1,394 @@
+"""The merge job on real Spark + Delta: silver rows written by hand per docs/internals.md, exact gold contents."""
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from slotlake.config import parse_config
+from slotlake.errors import MergeError
+from slotlake.lake import LakePaths
+from slotlake.lsn import Lsn
+from slotlake.spark.merge_job import run_merge
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+SRC = "shop"
+INT4, TEXT, NUMERIC, DATE, INT4_ARRAY, TSTZ = 23, 25, 1700, 1082, 1007, 1184
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from slotlake.spark.session import get_spark
+
+    # Tiny tables: a few partitions instead of Spark's and Delta's production defaults (200 / 50).
+    return get_spark("test-merge", master="local[2]", extra={
+        "spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"})
+
+
+def silver_schema():
+    from pyspark.sql.types import (ArrayType, IntegerType, LongType, StringType, StructField, StructType,
+                                   TimestampType)
+    s, l, i = StringType(), LongType(), IntegerType()
+    return StructType([
+        StructField("commit_lsn", l), StructField("commit_end_lsn", l), StructField("commit_ts", TimestampType()),
+        StructField("xid", l), StructField("seq", i), StructField("lsn", l), StructField("rel_oid", l),
+        StructField("schema_name", s), StructField("table_name", s), StructField("op", s),
+        StructField("replica_identity", s), StructField("columns", ArrayType(s)),
+        StructField("key_columns", ArrayType(s)), StructField("type_oids", ArrayType(i)),
+        StructField("typmods", ArrayType(i)), StructField("old_kind", s), StructField("old", ArrayType(s)),
+        StructField("new", ArrayType(s)), StructField("unchanged", ArrayType(i)),
+        StructField("truncate_options", i), StructField("bronze_file", s),
+    ])
+
+
+def ts(lsn: int) -> dt.datetime:
+    return dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=lsn)
+
+
+@dataclass(frozen=True)
+class Tbl:
+    """A source table as silver describes it; methods build silver rows (values as PostgreSQL text)."""
+
+    name: str
+    columns: tuple[tuple[str, int, int, bool], ...]  # name, type oid, typmod, key flag
+    ri: str = "d"
+    schema: str = "public"
+
+    def _row(self, op, lsn, seq, old_kind=None, old=None, new=None, unchanged=()):
+        return (lsn, lsn + 8, ts(lsn), 700 + lsn, seq, lsn + seq, 16384, self.schema, self.name, op, self.ri,
+                [c[0] for c in self.columns], [c[0] for c in self.columns if c[3]],
+                [c[1] for c in self.columns], [c[2] for c in self.columns], old_kind,
+                None if old is None else list(old), None if new is None else list(new), list(unchanged),
+                None, f"{lsn:016X}.parquet")
+
+    def ins(self, lsn, seq, *new):
+        return self._row("I", lsn, seq, new=new)
+
+    def upd(self, lsn, seq, *new, old=None, unchanged=()):
+        kind = None if old is None else ("O" if self.ri == "f" else "K")
+        if old is not None and kind == "K":  # a 'K' old tuple has only the key columns (others null)
+            old = [v if c[3] else None for v, c in zip(old, self.columns)]
+        return self._row("U", lsn, seq, old_kind=kind, old=old,
+                         new=[None if i in unchanged else v for i, v in enumerate(new)], unchanged=unchanged)
+
+    def dele(self, lsn, seq, *old):
+        kind = "O" if self.ri == "f" else "K"
+        if kind == "K":
+            old = [v if c[3] else None for v, c in zip(old, self.columns)]
+        return self._row("D", lsn, seq, old_kind=kind, old=old)
+
+    def trunc(self, lsn, seq):
+        return self._row("T", lsn, seq)
+
+
+ITEMS = Tbl("items", (("id", INT4, -1, True), ("name", TEXT, -1, False)))
+DOCS = Tbl("docs", (("id", INT4, -1, True), ("body", TEXT, -1, False), ("note", TEXT, -1, False)))
+
+
+class Lake:
+    def __init__(self, spark, tmp_path, **source):
+        self.spark = spark
+        self.cfg = parse_config({"lake": str(tmp_path / "lake"),
+                                 "sources": {SRC: {"dsn": "postgresql://u@127.0.0.1:5432/db", **source}}})
+        self.paths = LakePaths.of(self.cfg.lake, SRC)
+
+    def decode(self, rows, end_lsn: int) -> None:
+        """Append rows as one decode commit marking silver's end LSN."""
+        meta = json.dumps({"slotlake": {"end_lsn": str(Lsn(end_lsn)), "stage": "decode"}})
+        (self.spark.createDataFrame(rows, silver_schema()).write.format("delta").mode("append")
+         .option("userMetadata", meta).save(self.paths.changes))
+
+    def merge(self, tables=None):
+        return run_merge(self.spark, self.cfg, SRC, tables)
+
+    def gold(self, table: Tbl, *extra: str):
+        df = self.spark.read.format("delta").load(self.paths.gold(table.schema, table.name))
+        cols = [c[0] for c in table.columns] + list(extra)
+        return sorted((tuple(r) for r in df.select(*cols).collect()), key=repr)
+
+    def gold_version(self, table: Tbl) -> int:
+        from delta.tables import DeltaTable
+        return DeltaTable.forPath(self.spark, self.paths.gold(table.schema, table.name)).history(1).collect()[0][0]
+
+
+@pytest.fixture
+def lake(spark, tmp_path):
+    return Lake(spark, tmp_path)
+
+
+def test_insert_update_delete_by_primary_key(lake):
+    lake.decode([ITEMS.ins(100, 0, "1", "a"), ITEMS.ins(100, 1, "2", "b"), ITEMS.ins(100, 2, "3", "c"),
+                 ITEMS.upd(200, 0, "2", "b2"), ITEMS.dele(300, 0, "3", "c")], 400)
+    report = lake.merge()
+    assert lake.gold(ITEMS, "_slotlake_lsn", "_slotlake_commit_ts") == [
+        (1, "a", 100, ts(100).replace(tzinfo=None)), (2, "b2", 200, ts(200).replace(tzinfo=None))]
+    (res,) = report.tables
+    assert (res.schema_name, res.table_name, res.changes, res.rows_inserted) == ("public", "items", 5, 2)
+    assert report.end_lsn == Lsn(400)
+    lake.decode([ITEMS.upd(500, 0, "1", "a1"), ITEMS.dele(500, 1, "2", "b2")], 600)
+    lake.merge()
+    assert lake.gold(ITEMS, "_slotlake_lsn") == [(1, "a1", 500)]
+    runs = sorted(tuple(r) for r in lake.spark.read.format("delta").load(lake.paths.runs)
+                  .select("run_end_lsn", "schema_name", "table_name", "gold_version").collect())
+    assert runs == [(400, "public", "items", 1), (600, "public", "items", 2)]
+
+
+def test_watermark_commit_is_idempotent_and_rerun_is_noop(lake):
+    lake.decode([ITEMS.ins(100, 0, "1", "a")], 150)
+    lake.merge()
+    from delta.tables import DeltaTable
+    gold = DeltaTable.forPath(lake.spark, lake.paths.gold("public", "items"))
+    last = gold.history(1).collect()[0]
+    assert json.loads(last["userMetadata"]) == {"slotlake": {"end_lsn": "0/96", "stage": "merge"}}
+    before = gold.history().count()
+    report = lake.merge()
+    assert report.tables[0].up_to_date
+    assert gold.history().count() == before
+    assert lake.gold(ITEMS) == [(1, "a")]
+    assert lake.spark.read.format("delta").load(lake.paths.runs).count() == 1
+    # The same MERGE re-executed with the same txnAppId/txnVersion (a crash before the watermark was seen) is
+    # skipped by Delta itself.
+    from slotlake.merge.plan import merge_commit_conf
+    s = lake.spark.newSession()
+    for k, v in merge_commit_conf(SRC, "public", "items", Lsn(150)).items():
+        s.conf.set(k, v)
+    s.createDataFrame([(9, "z", 1, None)], "id int, name string, _slotlake_lsn long, _slotlake_commit_ts timestamp") \
+        .write.format("delta").mode("append").save(lake.paths.gold("public", "items"))
+    assert lake.gold(ITEMS) == [(1, "a")]
+
+
+def test_using_index_key_is_not_the_first_column(lake):
+    t = Tbl("codes", (("id", INT4, -1, False), ("code", TEXT, -1, True), ("v", TEXT, -1, False)), ri="i")
+    lake.decode([t.ins(100, 0, "1", "A", "x"), t.ins(100, 1, "2", "B", "y")], 150)
+    lake.merge()
+    lake.decode([t.upd(200, 0, "1", "A", "x2"), t.dele(200, 1, "2", "B", "y"), t.upd(300, 0, "7", "A", "x3")], 350)
+    lake.merge()
+    assert lake.gold(t) == [(7, "A", "x3")]
+
+
+def test_full_identity_keeps_identical_rows_and_deletes_one(lake):
+    t = Tbl("tags", (("tag", TEXT, -1, True), ("n", INT4, -1, True)), ri="f")
+    lake.decode([t.ins(100, 0, "x", "1"), t.ins(100, 1, "x", "1"), t.ins(100, 2, "x", "1"),
+                 t.ins(100, 3, "y", None)], 150)
+    lake.merge()
+    assert lake.gold(t, "_slotlake_dup") == [("x", 1, 1), ("x", 1, 2), ("x", 1, 3), ("y", None, 1)]
+    lake.decode([t.dele(200, 0, "x", "1"), t.upd(300, 0, "x", "2", old=("x", "1")),
+                 t.upd(300, 1, "z", None, old=("y", None))], 350)
+    lake.merge()
+    assert lake.gold(t, "_slotlake_dup", "_slotlake_lsn") == [("x", 1, 1, 100), ("x", 2, 1, 300), ("z", None, 1, 300)]
+    lake.decode([t.ins(400, 0, "x", "1"), t.dele(500, 0, "x", "2")], 550)
+    lake.merge()
+    assert lake.gold(t, "_slotlake_dup", "_slotlake_lsn") == [("x", 1, 1, 100), ("x", 1, 2, 400), ("z", None, 1, 300)]
+
+
+def test_full_identity_unchanged_toast_comes_from_the_old_row(lake):
+    t = Tbl("blobs", (("id", INT4, -1, True), ("body", TEXT, -1, True), ("n", INT4, -1, True)), ri="f")
+    lake.decode([t.ins(100, 0, "1", "big", "0")], 150)
+    lake.merge()
+    lake.decode([t.upd(200, 0, "1", None, "1", old=("1", "big", "0"), unchanged=(1,))], 250)
+    lake.merge()
+    assert lake.gold(t, "_slotlake_dup") == [(1, "big", 1, 1)]
+
+
+def test_replica_identity_nothing_is_insert_only_and_reports_the_rest(lake):
+    t = Tbl("log", (("id", INT4, -1, False), ("msg", TEXT, -1, False)), ri="n")
+    lake.decode([t.ins(100, 0, "1", "a"), t.ins(100, 1, "1", "a"), t._row("U", 200, 0, new=["1", "b"]),
+                 t._row("D", 300, 0, old_kind=None)], 350)
+    report = lake.merge()
+    assert lake.gold(t) == [(1, "a"), (1, "a")]
+    assert report.tables[0].unapplied == 2 and report.unapplied == 2
+
+
+def test_key_change_deletes_old_key_and_chains(lake):
+    lake.decode([ITEMS.ins(100, 0, "1", "a"), ITEMS.ins(100, 1, "5", "e")], 150)
+    lake.merge()
+    lake.decode([ITEMS.upd(200, 0, "10", "a", old=("1", "a")),
+                 ITEMS.ins(300, 0, "20", "t"), ITEMS.upd(300, 1, "21", "t", old=("20", "t")),
+                 ITEMS.upd(400, 0, "22", "t2", old=("21", "t")),
+                 # swap: 5 -> 6, and a new row takes key 5
+                 ITEMS.upd(500, 0, "6", "e", old=("5", "e")), ITEMS.ins(500, 1, "5", "new5")], 550)
+    lake.merge()
+    assert lake.gold(ITEMS, "_slotlake_lsn") == [(10, "a", 200), (22, "t2", 400), (5, "new5", 500), (6, "e", 500)]
+
+
+def test_delete_then_reinsert_in_one_batch_ends_as_reinserted(lake):
+    lake.decode([ITEMS.ins(100, 0, "1", "a"), ITEMS.ins(100, 1, "2", "b")], 150)
+    lake.merge()
+    lake.decode([ITEMS.dele(200, 0, "1", "a"), ITEMS.ins(300, 0, "1", "again"),
+                 ITEMS.ins(300, 1, "3", "c"), ITEMS.dele(400, 0, "3", "c")], 450)
+    lake.merge()
+    assert lake.gold(ITEMS, "_slotlake_lsn") == [(1, "again", 300), (2, "b", 100)]
+
+
+def test_five_updates_of_one_row_in_one_batch(lake):
+    lake.decode([ITEMS.ins(100, 0, "1", "v0")] + [ITEMS.upd(100 + 10 * i, 0, "1", f"v{i}") for i in range(1, 6)], 200)
+    lake.merge()
+    assert lake.gold(ITEMS, "_slotlake_lsn") == [(1, "v5", 150)]
+
+
+def test_null_key_column_matches_null_safely(lake):
+    t = Tbl("pairs", (("a", INT4, -1, True), ("b", INT4, -1, True), ("v", TEXT, -1, False)), ri="i")
+    lake.decode([t.ins(100, 0, "1", None, "x"), t.ins(100, 1, "1", "2", "y")], 150)
+    lake.merge()
+    lake.decode([t.upd(200, 0, "1", None, "x2")], 250)
+    lake.merge()
+    assert lake.gold(t) == [(1, 2, "y"), (1, None, "x2")]
+    lake.decode([t.dele(300, 0, "1", None, "x2")], 350)
+    lake.merge()
+    assert lake.gold(t) == [(1, 2, "y")]
+
+
+def test_unchanged_toast_keeps_the_gold_value(lake):
+    lake.decode([DOCS.ins(100, 0, "1", "big body", "n1")], 150)
+    lake.merge()
+    lake.decode([DOCS.upd(200, 0, "1", None, "n2", unchanged=(1,))], 250)
+    lake.merge()
+    assert lake.gold(DOCS) == [(1, "big body", "n2")]
+
+
+def test_unchanged_toast_from_an_earlier_change_in_the_batch(lake):
+    lake.decode([DOCS.ins(100, 0, "1", "big", "n1"), DOCS.upd(200, 0, "1", None, "n2", unchanged=(1,)),
+                 DOCS.upd(300, 0, "1", None, "n3", unchanged=(1,)), DOCS.ins(300, 1, "2", None, "null body"),
+                 DOCS.upd(400, 0, "2", None, "m", unchanged=(1,))], 450)
+    lake.merge()
+    assert lake.gold(DOCS, "_slotlake_lsn") == [(1, "big", "n3", 300), (2, None, "m", 400)]
+
+
+def test_unchanged_toast_across_a_key_change(lake):
+    lake.decode([DOCS.ins(100, 0, "1", "big", "n1"), DOCS.ins(100, 1, "5", "five", "n5")], 150)
+    lake.merge()
+    lake.decode([DOCS.upd(200, 0, "2", None, "n2", old=("1", None, None), unchanged=(1,)),
+                 DOCS.upd(300, 0, "3", None, "n3", old=("2", None, None), unchanged=(1,)),
+                 DOCS.upd(400, 0, "4", None, "n4", old=("3", None, None), unchanged=(1,)),
+                 DOCS.upd(500, 0, "4", None, "n5", unchanged=(1,)),
+                 DOCS.ins(600, 0, "7", "seven", "n7"), DOCS.upd(600, 1, "8", None, "n8", old=("7",), unchanged=(1,)),
+                 DOCS.upd(700, 0, "5", None, "m5", unchanged=(1,))], 750)
+    lake.merge()
+    assert lake.gold(DOCS) == [(4, "big", "n5"), (5, "five", "m5"), (8, "seven", "n8")]
+
+
+def test_unchanged_toast_without_any_known_value_fails(lake):
+    lake.decode([DOCS.upd(200, 0, "1", None, "n2", unchanged=(1,))], 250)
+    with pytest.raises(MergeError, match=r"public\.docs.*\{'id': 1\}.*0/C8.*\['body'\]"):
+        lake.merge()
+
+
+def test_truncate_in_the_middle_of_a_batch(lake):
+    lake.decode([ITEMS.ins(100, 0, "1", "a"), ITEMS.ins(100, 1, "2", "b")], 150)
+    lake.merge()
+    lake.decode([ITEMS.ins(200, 0, "3", "c"), ITEMS.upd(200, 1, "1", "a2"), ITEMS.trunc(300, 0),
+                 ITEMS.ins(400, 0, "4", "d"), ITEMS.ins(400, 1, "1", "fresh"), ITEMS.upd(500, 0, "4", "d2")], 550)
+    lake.merge()
+    assert lake.gold(ITEMS, "_slotlake_lsn") == [(1, "fresh", 400), (4, "d2", 500)]
+    from delta.tables import DeltaTable
+    assert DeltaTable.forPath(lake.spark, lake.paths.gold("public", "items")).history().count() == 3  # create+2
+
+
+def test_truncate_alone_empties_the_table(lake):
+    lake.decode([ITEMS.ins(100, 0, "1", "a")], 150)
+    lake.merge()
+    lake.decode([ITEMS.trunc(200, 0)], 250)
+    report = lake.merge()
+    assert lake.gold(ITEMS) == [] and report.tables[0].truncated
+
+
+def test_soft_deletes_keep_the_last_state(spark, tmp_path):
+    lake = Lake(spark, tmp_path, delete_mode="soft")
+    lake.decode([ITEMS.ins(100, 0, "1", "a"), ITEMS.ins(100, 1, "2", "b"), ITEMS.ins(100, 2, "3", "c")], 150)
+    lake.merge()
+    lake.decode([ITEMS.upd(200, 0, "1", "a2"), ITEMS.dele(300, 0, "1", "a2"), ITEMS.dele(300, 1, "2", "b"),
+                 ITEMS.ins(400, 0, "9", "tmp"), ITEMS.dele(500, 0, "9", "tmp")], 550)
+    lake.merge()
+    assert lake.gold(ITEMS, "_slotlake_deleted", "_slotlake_lsn") == [
+        (1, "a2", True, 300), (2, "b", True, 300), (3, "c", False, 100), (9, "tmp", True, 500)]
+    lake.decode([ITEMS.ins(600, 0, "2", "back"), ITEMS.trunc(700, 0), ITEMS.ins(800, 0, "3", "c3")], 850)
+    lake.merge()
+    assert lake.gold(ITEMS, "_slotlake_deleted", "_slotlake_lsn") == [
+        (1, "a2", True, 300), (2, "back", True, 700), (3, "c3", False, 800), (9, "tmp", True, 500)]
+
+
+def test_bad_values_are_quarantined_and_null_in_gold(lake):
+    t = Tbl("m", (("id", INT4, -1, True), ("amount", NUMERIC, -1, False), ("day", DATE, -1, False)))
+    lake.decode([t.ins(100, 0, "1", "NaN", "infinity"), t.ins(100, 1, "2", "12.5", "2024-02-29"),
+                 t.ins(100, 2, "3", "1" * 21, "2000-01-01 BC")], 150)
+    report = lake.merge()
+    assert lake.gold(t) == [(1, None, None), (2, decimal.Decimal("12.5"), dt.date(2024, 2, 29)), (3, None, None)]
+    assert report.quarantined == 4
+    q = sorted(tuple(r) for r in lake.spark.read.format("delta").load(lake.paths.quarantine)
+               .select("table_name", "column_name", "type_oid", "raw_value", "commit_lsn", "seq").collect())
+    assert q == [("m", "amount", NUMERIC, "1" * 21, 100, 2), ("m", "amount", NUMERIC, "NaN", 100, 0),
+                 ("m", "day", DATE, "2000-01-01 BC", 100, 2), ("m", "day", DATE, "infinity", 100, 0)]
+    lake.merge()  # a re-run records nothing twice
+    assert lake.spark.read.format("delta").load(lake.paths.quarantine).count() == 4
+
+
+def test_bad_value_fails_the_merge_when_asked(spark, tmp_path):
+    lake = Lake(spark, tmp_path, on_bad_value="fail")
+    t = Tbl("m", (("id", INT4, -1, True), ("amount", NUMERIC, -1, False)))
+    lake.decode([t.ins(100, 0, "1", "NaN")], 150)
+    with pytest.raises(MergeError, match=r"public\.m: column amount value 'NaN' at LSN 0/64"):
+        lake.merge()
+
+
+def test_schema_change_within_a_batch_is_refused(lake):
+    wider = Tbl("items", ITEMS.columns + (("extra", TEXT, -1, False),))
+    lake.decode([ITEMS.ins(100, 0, "1", "a"), wider.ins(200, 0, "2", "b", "x")], 250)
+    with pytest.raises(MergeError, match="definition changes"):
+        lake.merge()
+
+
+def test_tables_merge_in_parallel_to_the_same_end_lsn(lake):
+    lake.decode([ITEMS.ins(100, 0, "1", "a"), DOCS.ins(100, 1, "1", "b", "c")], 150)
+    lake.merge()
+    lake.decode([ITEMS.ins(200, 0, "2", "b")], 250)
+    report = lake.merge()
+    assert {(r.table_name, r.changes) for r in report.tables} == {("items", 1), ("docs", 0)}
+    runs = sorted(tuple(r) for r in lake.spark.read.format("delta").load(lake.paths.runs)
+                  .select("run_end_lsn", "table_name", "gold_version").collect())
+    assert runs == [(150, "docs", 1), (150, "items", 1), (250, "docs", 1), (250, "items", 2)]
+    assert lake.gold(ITEMS) == [(1, "a"), (2, "b")]
+
+
+def test_typed_values_of_every_family(spark):
+    from pyspark.sql import functions as F
+
+    from slotlake.decode.types import spark_type, typed_value
+    cases = [  # (oid, typmod, text, expected value, bad?)
+        (16, -1, "t", True, False), (16, -1, "f", False, False),
+        (21, -1, "-32768", -32768, False), (20, -1, "9223372036854775807", 9223372036854775807, False),
+        (700, -1, "1.10000002", 1.10000002, False), (701, -1, "NaN", float("nan"), False),
+        (701, -1, "-Infinity", float("-inf"), False), (701, -1, "0.1", 0.1, False),
+        (1700, (10 << 16 | 2) + 4, "-12345678.90", decimal.Decimal("-12345678.90"), False),
+        (1700, -1, "12345678901234567890.123456789012345678000", decimal.Decimal("12345678901234567890.123456789012345678"), False),
+        (1700, -1, "0.0000000000000000001", None, True), (1700, -1, "Infinity", None, True),
+        (1700, (50 << 16 | 2) + 4, "NaN", "NaN", False),
+        (17, -1, "\\x00ff10", bytes([0, 255, 16]), False), (17, -1, "\\x", b"", False),
+        (1082, -1, "2024-01-31", dt.date(2024, 1, 31), False), (1082, -1, "-infinity", None, True),
+        (1114, -1, "2024-01-01 10:00:00.123456", dt.datetime(2024, 1, 1, 10, 0, 0, 123456), False),
+        (1114, -1, "infinity", None, True),
+        (1184, -1, "2024-01-01 10:00:00.123456+00", dt.datetime(2024, 1, 1, 10, 0, 0, 123456), False),
+        (1184, -1, "2024-01-01 10:00:00+05:30", dt.datetime(2024, 1, 1, 4, 30), False),
+        (1186, -1, "P1Y2M3DT4H5M6.5S", "P1Y2M3DT4H5M6.5S", False), (1083, -1, "10:00:00", "10:00:00", False),
+        (2950, -1, "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", False),
+        (3802, -1, '{"a": 1}', '{"a": 1}', False), (99999, -1, "happy", "happy", False),
+        (1007, -1, "{1,NULL,3}", [1, None, 3], False), (1009, -1, '{"a,b",NULL,"NULL"}', ["a,b", None, "NULL"], False),
+        (1007, -1, "{{1,2},{3,4}}", None, True), (1182, -1, "{2024-01-01,infinity}", None, True),
+        (1001, -1, '{"\\\\x01"}', [b"\x01"], False), (1231, -1, "{1.5,NaN}", None, True),
+        (1000, -1, "{t,f}", [True, False], False), (1000, -1, None, None, False),
+    ]
+    df = spark.createDataFrame([(i, c[2]) for i, c in enumerate(cases)], "i int, text string")
+    for i, (oid, mod, text, want, bad) in enumerate(cases):
+        value, reason = typed_value(F.col("text"), oid, mod)
+        row = df.where(F.col("i") == i).select(value.cast(spark_type(oid, mod)).alias("v"), reason.alias("r")).collect()[0]
+        got = row["v"]
+        if isinstance(want, float) and want != want:
+            assert got != got, (oid, text)
+        elif isinstance(want, float) and oid == 700:
+            assert got == pytest.approx(want, rel=1e-7), (oid, text)
+        else:
+            assert got == want, (oid, text, got)
+        assert (row["r"] is not None) == bad, (oid, text, row["r"])

@@ -1,0 +1,99 @@
+"""Pure merge planning: key strategy, gold schema, watermarks and commit settings."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql.types import (BooleanType, DecimalType, IntegerType, LongType, StringType, StructField, StructType,
+                               TimestampType)
+
+from slotlake.errors import MergeError
+from slotlake.lsn import Lsn
+from slotlake.merge.plan import (KeyStrategy, TableShape, gold_schema, latest_watermark, merge_commit_conf,
+                                 parse_tables, plan_table, schema_mismatch, stage_metadata, watermark_of)
+
+pytestmark = pytest.mark.unit
+
+
+def shape(ri: str = "d", keys: tuple[str, ...] = ("id",), columns=("id", "amount", "note")) -> TableShape:
+    oids = {"id": 23, "amount": 1700, "note": 25, "_slotlake_x": 25}
+    return TableShape("public", "orders", tuple(columns), tuple(oids[c] for c in columns),
+                      tuple(((12 << 16) | 2) + 4 if c == "amount" else -1 for c in columns), keys, ri)
+
+
+@pytest.mark.parametrize("ri,keys,strategy,positions", [
+    ("d", ("id",), KeyStrategy.KEYED, (0,)),
+    ("i", ("note", "id"), KeyStrategy.KEYED, (2, 0)),
+    ("f", ("id", "amount", "note"), KeyStrategy.FULL_ROW, ()),
+    ("n", (), KeyStrategy.INSERT_ONLY, ()),
+], ids=["default_pk", "using_index", "full", "nothing"])
+def test_plan_table_strategy(ri, keys, strategy, positions):
+    plan = plan_table(shape(ri, keys), "hard")
+    assert (plan.strategy, plan.key_positions, plan.soft_delete) == (strategy, positions, False)
+
+
+@pytest.mark.parametrize("table_shape,message", [
+    (shape("d", ()), "no key column"),
+    (shape("d", ("nope",)), "key columns \\['nope'\\]"),
+    (shape("x"), "unknown replica identity"),
+    (shape(columns=("id", "_slotlake_x")), "reserved prefix"),
+    (shape(columns=("id", "id")), "duplicate column"),
+], ids=["default_without_pk", "key_not_a_column", "bad_identity", "reserved_name", "duplicate_name"])
+def test_plan_table_rejects(table_shape, message):
+    with pytest.raises(MergeError, match=message):
+        plan_table(table_shape, "hard")
+
+
+def test_gold_schema_adds_slotlake_columns():
+    keyed = gold_schema(shape(), KeyStrategy.KEYED, soft_delete=False)
+    assert keyed == StructType([
+        StructField("id", IntegerType()), StructField("amount", DecimalType(12, 2)), StructField("note", StringType()),
+        StructField("_slotlake_lsn", LongType(), False), StructField("_slotlake_commit_ts", TimestampType())])
+    full_soft = plan_table(shape("f", ("id", "amount", "note")), "soft").gold_schema
+    assert full_soft.fieldNames()[-4:] == ["_slotlake_lsn", "_slotlake_commit_ts", "_slotlake_deleted", "_slotlake_dup"]
+    assert full_soft["_slotlake_deleted"].dataType == BooleanType()
+    assert full_soft["_slotlake_dup"].dataType == IntegerType()
+
+
+def test_schema_mismatch_names_the_difference():
+    want = gold_schema(shape(), KeyStrategy.KEYED, False)
+    assert schema_mismatch(want, want) is None
+    narrower = gold_schema(shape(columns=("id", "note")), KeyStrategy.KEYED, False)
+    assert "amount" in schema_mismatch(narrower, want)
+
+
+def test_merge_commit_conf():
+    conf = merge_commit_conf("shop", "public", "orders", Lsn.parse("16/B374D848"))
+    assert conf == {
+        "spark.databricks.delta.write.txnAppId": "slotlake-merge-shop-public.orders",
+        "spark.databricks.delta.write.txnVersion": str(0x16B374D848),
+        "spark.databricks.delta.commitInfo.userMetadata": '{"slotlake":{"end_lsn":"16/B374D848","stage":"merge"}}',
+    }
+
+
+@pytest.mark.parametrize("meta,want", [
+    (None, None), ("", None), ("not json", None), ('{"other": 1}', None), ('{"slotlake": {"stage": "x"}}', None),
+    ('{"slotlake": {"end_lsn": "bogus"}}', None), ('{"slotlake": {"end_lsn": "0/1A"}}', Lsn(0x1A)),
+    (stage_metadata(Lsn(5), "decode"), Lsn(5)),
+], ids=["none", "empty", "not_json", "foreign", "no_end", "bad_lsn", "lsn", "roundtrip"])
+def test_watermark_of(meta, want):
+    assert watermark_of(meta) == want
+
+
+def test_latest_watermark_takes_newest_slotlake_commit():
+    history = [(0, None), (1, stage_metadata(Lsn(10), "merge")), (3, "OPTIMIZE"), (2, stage_metadata(Lsn(20), "merge"))]
+    assert latest_watermark(history) == Lsn(20)
+    assert latest_watermark([(0, None)]) is None
+    assert json.loads(stage_metadata(Lsn(20), "merge"))["slotlake"]["stage"] == "merge"
+
+
+@pytest.mark.parametrize("arg,want", [
+    (None, None), ("", None), ("public.a", (("public", "a"),)), (" public.a , s.b", (("public", "a"), ("s", "b"))),
+], ids=["none", "empty", "one", "two_with_spaces"])
+def test_parse_tables(arg, want):
+    assert parse_tables(arg) == want
+
+
+def test_parse_tables_rejects_unqualified():
+    with pytest.raises(MergeError, match="schema.table"):
+        parse_tables("orders")

@@ -1,0 +1,72 @@
+"""PostgreSQL type -> Spark type (pure) and the array-literal parser."""
+from __future__ import annotations
+
+import pytest
+from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DateType, DecimalType, DoubleType, FloatType,
+                               IntegerType, LongType, ShortType, StringType, TimestampNTZType, TimestampType)
+
+from slotlake.decode.types import ArrayLiteralError, NumericTypmod, parse_array_literal, spark_type
+
+pytestmark = pytest.mark.unit
+
+
+def numeric(p: int, s: int) -> int:
+    return ((p << 16) | (s & 0x7FF)) + 4
+
+
+@pytest.mark.parametrize("oid,typmod,want", [
+    (16, -1, BooleanType()), (21, -1, ShortType()), (23, -1, IntegerType()), (20, -1, LongType()),
+    (26, -1, LongType()), (700, -1, FloatType()), (701, -1, DoubleType()),
+    (1700, -1, DecimalType(38, 18)), (1700, numeric(10, 2), DecimalType(10, 2)), (1700, numeric(38, 0), DecimalType(38, 0)),
+    (1700, numeric(39, 2), StringType()), (1700, numeric(5, -2), DecimalType(7, 0)), (1700, numeric(3, 5), DecimalType(5, 5)),
+    (25, -1, StringType()), (1043, 54, StringType()), (1042, 14, StringType()), (19, -1, StringType()),
+    (18, -1, StringType()), (17, -1, BinaryType()), (1082, -1, DateType()), (1083, -1, StringType()),
+    (1266, -1, StringType()), (1114, -1, TimestampNTZType()), (1184, 3, TimestampType()),
+    (1186, -1, StringType()), (2950, -1, StringType()), (114, -1, StringType()), (3802, -1, StringType()),
+    (142, -1, StringType()), (869, -1, StringType()), (650, -1, StringType()), (829, -1, StringType()),
+    (774, -1, StringType()), (790, -1, StringType()), (424242, -1, StringType()),
+    (1007, -1, ArrayType(IntegerType())), (1009, -1, ArrayType(StringType())), (1231, numeric(6, 1), ArrayType(DecimalType(6, 1))),
+    (1185, -1, ArrayType(TimestampType())), (1001, -1, ArrayType(BinaryType())), (3807, -1, ArrayType(StringType())),
+], ids=lambda v: str(v))
+def test_spark_type(oid, typmod, want):
+    assert spark_type(oid, typmod) == want
+
+
+@pytest.mark.parametrize("typmod,precision,scale", [
+    (-1, None, None), (numeric(10, 2), 10, 2), (numeric(1000, 0), 1000, 0), (numeric(5, -2), 5, -2),
+    (numeric(3, 5), 3, 5),
+], ids=["unconstrained", "10_2", "1000_0", "negative_scale", "scale_over_precision"])
+def test_numeric_typmod(typmod, precision, scale):
+    assert NumericTypmod.of(typmod) == NumericTypmod(precision, scale)
+
+
+@pytest.mark.parametrize("text,want", [
+    ("{}", []),
+    ("{1,2,3}", ["1", "2", "3"]),
+    ("{1,NULL,3}", ["1", None, "3"]),
+    ("{null,NuLl}", [None, None]),
+    ('{"NULL"}', ["NULL"]),
+    ('{"a,b","c}d"}', ["a,b", "c}d"]),
+    ('{"say \\"hi\\"","back\\\\slash"}', ['say "hi"', "back\\slash"]),
+    ('{"\\\\x0102"}', ["\\x0102"]),
+    ("{ a , b }", ["a", "b"]),
+    ('{""}', [""]),
+    ('{" x "}', [" x "]),
+    ("{a\\,b}", ["a,b"]),
+    ("[1:2]={7,8}", ["7", "8"]),
+    ('{"{not nested}"}', ["{not nested}"]),
+    ("{2024-01-01 10:00:00+00,infinity}", ["2024-01-01 10:00:00+00", "infinity"]),
+], ids=["empty", "ints", "null", "null_any_case", "quoted_null_is_text", "quoted_delims", "escapes",
+        "bytea_hex", "spaces_trimmed", "empty_string", "quoted_spaces_kept", "escaped_comma", "default_bounds",
+        "braces_in_quotes", "timestamps"])
+def test_parse_array_literal(text, want):
+    assert parse_array_literal(text) == want
+
+
+@pytest.mark.parametrize("text", [
+    "{{1,2},{3,4}}", "[0:1]={1,2}", "[1:2][1:1]={{1},{2}}", "1,2", '{"open}', "{a,,b}", '{"a"b}', "{a\"b}",
+], ids=["two_dims", "bounds_from_0", "two_dim_bounds", "no_braces", "unterminated", "empty_element",
+        "junk_after_quote", "quote_inside"])
+def test_parse_array_literal_rejects(text):
+    with pytest.raises(ArrayLiteralError):
+        parse_array_literal(text)
