@@ -5,7 +5,7 @@ column names, type OIDs, typmods, key flags, replica identity) differs from the 
 previous version is then closed (`valid_to_lsn`). pgoutput re-sends every relation in every decoding session,
 so almost all Relation messages are repeats and change nothing.
 
-The versioning is pure (`apply_relations`); `read_catalog`/`write_catalog` do the Spark I/O. The catalog is small
+The versioning is pure (`apply_definitions`); `read_catalog`/`write_catalog` do the Spark I/O. The catalog is small
 (one row per table version), so it is read to the driver and rewritten whole in one idempotent Delta commit.
 """
 from __future__ import annotations
@@ -13,10 +13,13 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from slotlake.decode.messages import Relation
 from slotlake.lsn import Lsn
+
+if TYPE_CHECKING:
+    from slotlake.source.ddl import TableDef
 
 log = logging.getLogger(__name__)
 
@@ -61,27 +64,56 @@ class CatalogVersion:
 
 
 @dataclass(frozen=True)
-class RelationDefinition:
-    """A Relation message seen in the stream, with the commit LSN (and message LSN) of its transaction."""
+class TableDefinition:
+    """One relation's definition as of a commit LSN: from a Relation message, a DDL event or the bootstrap read.
+
+    `dropped` marks a DROP (from a `sql_drop` DDL event): it closes the relation's open version.
+    """
 
     commit_lsn: int
-    lsn: int
-    relation: Relation
+    lsn: int  # the message's own LSN: orders two definitions within one transaction
+    rel_oid: int
+    schema_name: str
+    table_name: str
+    replica_identity: str
+    columns: tuple[CatalogColumn, ...]
+    origin: str  # relation | ddl | bootstrap
+    dropped: bool = False
 
 
-def _signature(schema: str, table: str, replica_identity: str,
-               columns: Iterable[tuple[str, int, int, bool]]) -> tuple:
-    return (schema, table, replica_identity, tuple(columns))
+def relation_definition(commit_lsn: int, lsn: int, rel: Relation, custom_types: Mapping[int, str]) -> TableDefinition:
+    """A Relation message as a definition (nullability unknown; type names resolved later if custom)."""
+    cols = tuple(CatalogColumn(position=i + 1, name=c.name, type_oid=c.type_oid,
+                               type_name=type_name(c.type_oid, custom_types), typmod=c.typmod, nullable=None,
+                               is_key=c.is_key) for i, c in enumerate(rel.columns))
+    return TableDefinition(commit_lsn=commit_lsn, lsn=lsn, rel_oid=rel.oid, schema_name=rel.schema,
+                           table_name=rel.name, replica_identity=rel.replica_identity.value, columns=cols,
+                           origin="relation")
 
 
-def version_signature(v: CatalogVersion) -> tuple:
-    return _signature(v.schema_name, v.table_name, v.replica_identity,
-                      ((c.name, c.type_oid, c.typmod, c.is_key) for c in v.columns))
+def table_def_definition(commit_lsn: int, lsn: int, table: TableDef, origin: str) -> TableDefinition:
+    """A `TableDef` (DDL event or bootstrap read) as a definition: only the columns pgoutput sends, in its order."""
+    cols = tuple(CatalogColumn(position=i + 1, name=c.name, type_oid=c.type_oid,
+                               type_name=BUILTIN_TYPE_NAMES.get(c.type_oid, c.type_name), typmod=c.typmod,
+                               nullable=not c.not_null, is_key=c.is_key)
+                 for i, c in enumerate(table.replicated_columns))
+    return TableDefinition(commit_lsn=commit_lsn, lsn=lsn, rel_oid=table.oid, schema_name=table.schema,
+                           table_name=table.name, replica_identity=table.replica_identity.value, columns=cols,
+                           origin=origin)
 
 
-def relation_signature(r: Relation) -> tuple:
-    return _signature(r.schema, r.name, r.replica_identity.value,
-                      ((c.name, c.type_oid, c.typmod, c.is_key) for c in r.columns))
+def drop_definition(commit_lsn: int, lsn: int, oid: int, schema: str, name: str) -> TableDefinition:
+    return TableDefinition(commit_lsn=commit_lsn, lsn=lsn, rel_oid=oid, schema_name=schema, table_name=name,
+                           replica_identity="", columns=(), origin="ddl", dropped=True)
+
+
+def _signature(schema: str, table: str, replica_identity: str, columns: Iterable[CatalogColumn]) -> tuple:
+    # What makes a new version. Not type_name/nullable: a Relation message cannot tell those.
+    return (schema, table, replica_identity, tuple((c.name, c.type_oid, c.typmod, c.is_key) for c in columns))
+
+
+def version_signature(v: CatalogVersion | TableDefinition) -> tuple:
+    return _signature(v.schema_name, v.table_name, v.replica_identity, v.columns)
 
 
 def type_name(oid: int, custom: Mapping[int, str], previous: CatalogVersion | None = None) -> str | None:
@@ -97,50 +129,55 @@ def type_name(oid: int, custom: Mapping[int, str], previous: CatalogVersion | No
     return None
 
 
-def apply_relations(current: Iterable[CatalogVersion], seen: Iterable[RelationDefinition],
-                    custom_types: Mapping[int, str]) -> tuple[list[CatalogVersion], int]:
-    """The catalog after the Relation messages `seen`; returns (all versions, number of versions added).
+def apply_definitions(current: Iterable[CatalogVersion],
+                      definitions: Iterable[TableDefinition]) -> tuple[list[CatalogVersion], int]:
+    """The catalog after `definitions`; returns (all versions, number of versions added or closed by a drop).
 
-    Idempotent: a definition at or before the relation's latest `valid_from_lsn` that matches a version already
-    starting there is skipped, so decoding the same bronze again adds nothing.
+    Idempotent: a definition older than the relation's latest version, or equal to a version already starting
+    at its commit LSN, is skipped, so decoding the same bronze again changes nothing.
     """
     by_rel: dict[int, list[CatalogVersion]] = {}
     for v in current:
         by_rel.setdefault(v.rel_oid, []).append(v)
     for versions in by_rel.values():
         versions.sort(key=lambda v: v.version)
-    added = 0
-    for d in sorted(seen, key=lambda d: (d.commit_lsn, d.lsn)):
-        rel = d.relation
-        versions = by_rel.setdefault(rel.oid, [])
+    changed = 0
+    for d in sorted(definitions, key=lambda d: (d.commit_lsn, d.lsn)):
+        versions = by_rel.setdefault(d.rel_oid, [])
         latest = versions[-1] if versions else None
-        sig = relation_signature(rel)
+        if d.dropped:
+            if latest is not None and latest.valid_to_lsn is None and d.commit_lsn >= latest.valid_from_lsn:
+                versions[-1] = replace(latest, valid_to_lsn=d.commit_lsn)
+                changed += 1
+                log.info("catalog: %s.%s (oid %d) dropped at %s", d.schema_name, d.table_name, d.rel_oid,
+                         Lsn(d.commit_lsn))
+            continue
+        sig = version_signature(d)
         if latest is not None:
-            if d.commit_lsn < latest.valid_from_lsn:
-                continue  # already covered by a later version (a re-run over older bronze)
+            if d.commit_lsn < latest.valid_from_lsn or (latest.valid_to_lsn is not None
+                                                        and d.commit_lsn < latest.valid_to_lsn):
+                continue  # already covered (a re-run over older bronze), or from before the relation was dropped
             if d.commit_lsn == latest.valid_from_lsn and any(
                     v.valid_from_lsn == d.commit_lsn and version_signature(v) == sig for v in versions):
                 continue
-            if version_signature(latest) == sig:
+            if latest.valid_to_lsn is None and version_signature(latest) == sig:
                 continue  # the usual case: a repeat sent at the start of a decoding session
         nullable = {c.name: c.nullable for c in latest.columns} if latest else {}
-        cols = tuple(
-            CatalogColumn(position=i + 1, name=c.name, type_oid=c.type_oid,
-                          type_name=type_name(c.type_oid, custom_types, latest), typmod=c.typmod,
-                          nullable=nullable.get(c.name), is_key=c.is_key)
-            for i, c in enumerate(rel.columns))
-        if latest is not None:
+        cols = tuple(replace(c, type_name=c.type_name or type_name(c.type_oid, {}, latest),
+                             nullable=c.nullable if c.nullable is not None else nullable.get(c.name))
+                     for c in d.columns)
+        if latest is not None and latest.valid_to_lsn is None:
             versions[-1] = replace(latest, valid_to_lsn=d.commit_lsn)
         versions.append(CatalogVersion(
-            rel_oid=rel.oid, schema_name=rel.schema, table_name=rel.name,
+            rel_oid=d.rel_oid, schema_name=d.schema_name, table_name=d.table_name,
             version=(latest.version + 1) if latest else 1, valid_from_lsn=d.commit_lsn, valid_to_lsn=None,
-            replica_identity=rel.replica_identity.value, columns=cols, origin="relation"))
-        added += 1
-        log.info("catalog: %s.%s (oid %d) version %d from %s", rel.schema, rel.name, rel.oid,
-                 versions[-1].version, Lsn(d.commit_lsn))
+            replica_identity=d.replica_identity, columns=cols, origin=d.origin))
+        changed += 1
+        log.info("catalog: %s.%s (oid %d) version %d from %s (%s)", d.schema_name, d.table_name, d.rel_oid,
+                 versions[-1].version, Lsn(d.commit_lsn), d.origin)
     out = [v for versions in by_rel.values() for v in versions]
     out.sort(key=lambda v: (v.rel_oid, v.version))
-    return out, added
+    return out, changed
 
 
 def version_at(versions: Iterable[CatalogVersion], rel_oid: int, lsn: int) -> CatalogVersion | None:

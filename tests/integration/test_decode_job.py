@@ -135,3 +135,40 @@ def test_decode_two_files_then_rerun_is_noop(spark, pg_db, tmp_path):
         assert decode_watermark(spark, paths.changes, "shop") == Lsn.parse(end2)
     finally:
         cap.close()
+
+
+def test_catalog_from_ddl_events(spark, pg_db, tmp_path):
+    """With the DDL capture installed, versions start at the DDL's own commit and know nullability."""
+    from slotlake.source.ddl import install_ddl_capture
+
+    cfg = parse_config({"lake": str(tmp_path / "lake"), "sources": {"shop": {"dsn": pg_db}}})
+    paths = LakePaths.of(cfg.lake, "shop")
+    cap = Capture(pg_db)
+    try:
+        install_ddl_capture(cap.conn)
+        create = cap.transaction("CREATE TABLE orders (id int PRIMARY KEY, total numeric(10,2) NOT NULL)")
+        cap.transaction("INSERT INTO orders VALUES (1, 9.5)")
+        cap.transaction("ALTER TABLE orders ADD COLUMN note text")
+        cap.transaction("INSERT INTO orders VALUES (2, 1, 'x')")
+        cap.transaction("DROP TABLE orders")
+        frames = cap.peek()
+        commit_of = {f.xid: decode_message(f.data).final_lsn.value for f in frames if f.data[:1] == b"B"}
+        write_bronze(frames, Path(paths.bronze), Lsn.parse(cap.start_lsn).value, cap.slot)
+
+        result = run_decode(spark, cfg, "shop")
+        assert result.changes_written == 2
+        versions = sorted((v for v in read_catalog(spark, paths.catalog) if v.table_name == "orders"),
+                          key=lambda v: v.version)
+        assert [(v.version, v.origin) for v in versions] == [(1, "ddl"), (2, "ddl")]
+        v1, v2 = versions
+        assert v1.valid_from_lsn == commit_of[create]
+        assert v1.valid_to_lsn == v2.valid_from_lsn < max(commit_of.values())  # the ALTER's commit
+        assert v2.valid_to_lsn == max(commit_of.values())  # closed by the DROP
+        assert [(c.position, c.name, c.type_name, c.typmod, c.nullable, c.is_key) for c in v2.columns] == [
+            (1, "id", "int4", -1, False, True), (2, "total", "numeric", 655366, False, False),
+            (3, "note", "text", -1, True, False)]
+        rows = silver_rows(spark, paths.changes)
+        assert [r.new for r in rows] == [["1", "9.50"], ["2", "1.00", "x"]]
+        assert rows[0].commit_lsn < v2.valid_from_lsn < rows[1].commit_lsn
+    finally:
+        cap.close()

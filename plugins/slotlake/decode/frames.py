@@ -29,6 +29,7 @@ from slotlake.decode.messages import (
 from slotlake.decode.pgoutput import decode_message, pg_timestamp_to_unix_us
 from slotlake.errors import DecodeError
 from slotlake.lsn import Lsn
+from slotlake.source.ddl import DDL_MESSAGE_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +94,17 @@ class SeenType:
     bronze_file: str
 
 
-StreamItem = SilverChange | SeenCommit | SeenRelation | SeenType
+@dataclass(frozen=True, slots=True)
+class SeenDdl:
+    """A `slotlake.ddl` logical message (DDL event, see docs/internals.md "DDL events") inside a transaction."""
+
+    commit_lsn: int
+    lsn: int
+    content: bytes
+    bronze_file: str
+
+
+StreamItem = SilverChange | SeenCommit | SeenRelation | SeenType | SeenDdl
 
 
 def _text_values(values: tuple[Value, ...], row: BronzeRow, what: str) -> tuple[tuple[str | None, ...], tuple[int, ...]]:
@@ -168,8 +179,15 @@ class ChangeStreamDecoder:
             yield SeenType(commit_lsn=begin.final_lsn.value, type=msg, bronze_file=row.file)  # type: ignore[arg-type]
         elif kind is Truncate:
             yield from self._truncate(row, msg)  # type: ignore[arg-type]
-        elif kind is Message or kind is Origin:
-            pass  # logical messages (e.g. slotlake.ddl) and origins carry no row change
+        elif kind is Message:
+            # DDL events feed the catalog; other logical messages (and non-transactional ones, which may
+            # follow a file's last Commit) carry nothing slotlake uses.
+            if msg.prefix == DDL_MESSAGE_PREFIX and msg.transactional:  # type: ignore[union-attr]
+                begin = self._require_txn(row)
+                yield SeenDdl(commit_lsn=begin.final_lsn.value, lsn=row.lsn, content=msg.content,  # type: ignore[union-attr]
+                              bronze_file=row.file)
+        elif kind is Origin:
+            pass  # replication origins carry no row change
         else:  # pragma: no cover - decode_message returns only the kinds above
             raise self._error(row, f"unexpected message {kind.__name__}")
 

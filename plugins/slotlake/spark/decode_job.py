@@ -17,9 +17,24 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from slotlake.bronze import BronzeFile, list_bronze
-from slotlake.catalog import RelationDefinition, apply_relations, read_catalog, write_catalog
+from slotlake.catalog import (
+    apply_definitions,
+    drop_definition,
+    read_catalog,
+    relation_definition,
+    table_def_definition,
+    write_catalog,
+)
 from slotlake.config import Config
-from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder, SeenCommit, SeenRelation, SeenType, SilverChange
+from slotlake.decode.frames import (
+    BronzeRow,
+    ChangeStreamDecoder,
+    SeenCommit,
+    SeenDdl,
+    SeenRelation,
+    SeenType,
+    SilverChange,
+)
 from slotlake.decode.messages import Column, Relation, ReplicaIdentity
 from slotlake.errors import DecodeError
 from slotlake.lake import LakePaths
@@ -37,8 +52,9 @@ SILVER_COLUMNS = [c.split()[0] for c in SILVER_DDL.split(", ")]
 # The mapInArrow output: silver's columns plus `kind`. Commit rows carry their end LSN in commit_end_lsn;
 # relation rows reuse the column-description columns; type rows put the type's oid/schema/name in
 # rel_oid/schema_name/table_name.
-DECODED_DDL = "kind string, " + SILVER_DDL
-KIND_CHANGE, KIND_COMMIT, KIND_RELATION, KIND_TYPE = "change", "commit", "relation", "type"
+# DDL event rows carry the message content in `content`.
+DECODED_DDL = "kind string, " + SILVER_DDL + ", content binary"
+KIND_CHANGE, KIND_COMMIT, KIND_RELATION, KIND_TYPE, KIND_DDL = "change", "commit", "relation", "type", "ddl"
 _OUT_BATCH_ROWS = 8192  # rows per Arrow batch leaving the decoder: bounds executor memory
 
 
@@ -64,6 +80,7 @@ def _arrow_schema():
         ("op", s), ("replica_identity", s), ("columns", pa.list_(s)), ("key_columns", pa.list_(s)),
         ("type_oids", pa.list_(i32)), ("typmods", pa.list_(i32)), ("old_kind", s), ("old", pa.list_(s)),
         ("new", pa.list_(s)), ("unchanged", pa.list_(i32)), ("truncate_options", i32), ("bronze_file", s),
+        ("content", pa.binary()),
     ])
 
 
@@ -73,20 +90,23 @@ def _row_of(item) -> tuple:
         return (KIND_CHANGE, item.commit_lsn, None, item.commit_ts_us, item.xid, item.seq, item.lsn, item.rel_oid,
                 item.schema_name, item.table_name, item.op, item.replica_identity, item.columns, item.key_columns,
                 item.type_oids, item.typmods, item.old_kind, item.old, item.new, item.unchanged,
-                item.truncate_options, item.bronze_file)
+                item.truncate_options, item.bronze_file, None)
     if isinstance(item, SeenCommit):
         return (KIND_COMMIT, item.commit_lsn, item.end_lsn, None, item.xid, None, None, None, None, None, None,
-                None, None, None, None, None, None, None, None, None, None, item.bronze_file)
+                None, None, None, None, None, None, None, None, None, None, item.bronze_file, None)
     if isinstance(item, SeenRelation):
         r = item.relation
         return (KIND_RELATION, item.commit_lsn, None, None, None, None, item.lsn, r.oid, r.schema, r.name, None,
                 r.replica_identity.value, [c.name for c in r.columns], [c.name for c in r.columns if c.is_key],
                 [c.type_oid for c in r.columns], [c.typmod for c in r.columns], None, None, None, None, None,
-                item.bronze_file)
+                item.bronze_file, None)
     if isinstance(item, SeenType):
         t = item.type
         return (KIND_TYPE, item.commit_lsn, None, None, None, None, None, t.oid, t.schema, t.name, None, None,
-                None, None, None, None, None, None, None, None, None, item.bronze_file)
+                None, None, None, None, None, None, None, None, None, item.bronze_file, None)
+    if isinstance(item, SeenDdl):
+        return (KIND_DDL, item.commit_lsn, None, None, None, None, item.lsn, None, None, None, None, None,
+                None, None, None, None, None, None, None, None, None, item.bronze_file, item.content)
     raise DecodeError(f"unexpected stream item {item!r}")  # pragma: no cover
 
 
@@ -166,7 +186,7 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
                .mapInArrow(decode_partition, DECODED_DDL)
                .persist(StorageLevel.MEMORY_AND_DISK))
     try:
-        meta_rows = decoded.filter(F.col("kind").isin(KIND_RELATION, KIND_TYPE)).collect()
+        meta_rows = decoded.filter(F.col("kind").isin(KIND_RELATION, KIND_TYPE, KIND_DDL)).collect()
         added = _update_catalog(spark, paths.catalog, meta_rows, source=source, end_lsn=end)
         commits = (decoded.filter(F.col("kind") == KIND_COMMIT)
                    .select("commit_lsn", F.col("commit_end_lsn").alias("_end")))
@@ -186,19 +206,30 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
 
 
 def _update_catalog(spark, path: str, rows: list, *, source: str, end_lsn: Lsn) -> int:
+    """Version `_catalog` from the Relation, Type and DDL-event rows of this run; returns versions changed."""
+    from slotlake.source.ddl import parse_ddl_event
+
     types = {r["rel_oid"]: f"{r['schema_name']}.{r['table_name']}" for r in rows if r["kind"] == KIND_TYPE}
-    seen = []
+    definitions = []
     for r in rows:
-        if r["kind"] != KIND_RELATION:
-            continue
-        keys = set(r["key_columns"])
-        cols = tuple(Column(name=n, type_oid=t, typmod=m, is_key=n in keys)
-                     for n, t, m in zip(r["columns"], r["type_oids"], r["typmods"]))
-        rel = Relation(oid=r["rel_oid"], schema=r["schema_name"], name=r["table_name"],
-                       replica_identity=ReplicaIdentity(r["replica_identity"]), columns=cols)
-        seen.append(RelationDefinition(commit_lsn=r["commit_lsn"], lsn=r["lsn"], relation=rel))
+        if r["kind"] == KIND_RELATION:
+            keys = set(r["key_columns"])
+            cols = tuple(Column(name=n, type_oid=t, typmod=m, is_key=n in keys)
+                         for n, t, m in zip(r["columns"], r["type_oids"], r["typmods"]))
+            rel = Relation(oid=r["rel_oid"], schema=r["schema_name"], name=r["table_name"],
+                           replica_identity=ReplicaIdentity(r["replica_identity"]), columns=cols)
+            definitions.append(relation_definition(r["commit_lsn"], r["lsn"], rel, types))
+        elif r["kind"] == KIND_DDL:
+            event = parse_ddl_event(bytes(r["content"]))
+            if event.is_error:
+                log.warning("DDL event at %s could not capture the definition (%s); the catalog follows the "
+                            "Relation messages for it", Lsn(r["commit_lsn"]), event.error)
+            for table in event.tables:
+                definitions.append(table_def_definition(r["commit_lsn"], r["lsn"], table, "ddl"))
+            for gone in event.dropped:
+                definitions.append(drop_definition(r["commit_lsn"], r["lsn"], gone.oid, gone.schema, gone.name))
     current = read_catalog(spark, path)
-    versions, added = apply_relations(current, seen, types)
-    if added:
+    versions, changed = apply_definitions(current, definitions)
+    if changed:
         write_catalog(spark, path, versions, source=source, end_lsn=end_lsn)
-    return added
+    return changed
