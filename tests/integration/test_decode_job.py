@@ -172,3 +172,24 @@ def test_catalog_from_ddl_events(spark, pg_db, tmp_path):
         assert rows[0].commit_lsn < v2.valid_from_lsn < rows[1].commit_lsn
     finally:
         cap.close()
+
+
+def test_undecodable_bronze_fails_with_one_clear_error_and_writes_nothing(spark, pg_db, tmp_path):
+    from slotlake.errors import DecodeError
+
+    cfg = parse_config({"lake": str(tmp_path / "lake"), "sources": {"shop": {"dsn": pg_db}}})
+    paths = LakePaths.of(cfg.lake, "shop")
+    cap = Capture(pg_db)
+    try:
+        cap.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        cap.transaction("INSERT INTO t VALUES (1)")
+        frames = [f for f in cap.peek() if f.data[:1] != b"R"]  # as if the file had lost its Relation message
+        path = write_bronze(frames, Path(paths.bronze), Lsn.parse(cap.start_lsn).value, cap.slot)
+        with pytest.raises(DecodeError) as err:
+            run_decode(spark, cfg, "shop")
+        assert str(err.value).startswith(f"bronze file {path.name}, ord 1, LSN ")
+        assert "change for relation OID" in str(err.value) and "before its Relation message" in str(err.value)
+        assert decode_watermark(spark, paths.changes, "shop") is None
+        assert not Path(paths.changes).exists()
+    finally:
+        cap.close()

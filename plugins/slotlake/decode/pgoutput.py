@@ -93,23 +93,47 @@ class _Frame:
         return out
 
     def tuple_data(self) -> tuple[Value, ...]:
-        (ncols,) = self.unpack(_I16)
-        values: list[Value] = []
-        append = values.append
-        for _ in range(ncols):
-            kind = self.byte()
-            if kind == 0x74:  # 't' text
-                (n,) = self.unpack(_I32)
-                append(str(self.take(n), "utf-8"))
-            elif kind == 0x6E:  # 'n' null
-                append(None)
-            elif kind == 0x75:  # 'u' unchanged TOAST: the value is not in the WAL
-                append(UNCHANGED_TOAST)
-            elif kind == 0x62:  # 'b' binary
-                (n,) = self.unpack(_I32)
-                append(bytes(self.take(n)))
-            else:
-                raise self.fail(f"unknown tuple value kind {chr(kind)!r} (byte 0x{kind:02x})")
+        # The hot path (every row change): one loop over local variables, no per-value method calls.
+        raw = self.raw
+        pos = self.pos
+        size = len(raw)
+        try:
+            (ncols,) = _I16.unpack_from(raw, pos)
+            pos += 2
+            values: list[Value] = []
+            append = values.append
+            for _ in range(ncols):
+                kind = raw[pos]
+                pos += 1
+                if kind == 0x74:  # 't' text
+                    (n,) = _I32.unpack_from(raw, pos)
+                    pos += 4
+                    end = pos + n
+                    if n < 0 or end > size:
+                        self.pos = pos
+                        raise self.fail(f"value of {n} bytes runs past the end of the frame")
+                    append(raw[pos:end].decode("utf-8"))
+                    pos = end
+                elif kind == 0x6E:  # 'n' null
+                    append(None)
+                elif kind == 0x75:  # 'u' unchanged TOAST: the value is not in the WAL
+                    append(UNCHANGED_TOAST)
+                elif kind == 0x62:  # 'b' binary
+                    (n,) = _I32.unpack_from(raw, pos)
+                    pos += 4
+                    end = pos + n
+                    if n < 0 or end > size:
+                        self.pos = pos
+                        raise self.fail(f"value of {n} bytes runs past the end of the frame")
+                    append(raw[pos:end])
+                    pos = end
+                else:
+                    self.pos = pos - 1
+                    raise self.fail(f"unknown tuple value kind {chr(kind)!r} (byte 0x{kind:02x})")
+        except (IndexError, struct.error):
+            self.pos = pos
+            raise self.fail("frame ends early inside the tuple data") from None
+        self.pos = pos
         return tuple(values)
 
     def done(self) -> None:

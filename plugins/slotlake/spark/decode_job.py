@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -186,7 +187,7 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
                .mapInArrow(decode_partition, DECODED_DDL)
                .persist(StorageLevel.MEMORY_AND_DISK))
     try:
-        meta_rows = decoded.filter(F.col("kind").isin(KIND_RELATION, KIND_TYPE, KIND_DDL)).collect()
+        meta_rows = _executor_errors(lambda: decoded.filter(F.col("kind").isin(KIND_RELATION, KIND_TYPE, KIND_DDL)).collect())
         added = _update_catalog(spark, paths.catalog, meta_rows, source=source, end_lsn=end)
         commits = (decoded.filter(F.col("kind") == KIND_COMMIT)
                    .select("commit_lsn", F.col("commit_end_lsn").alias("_end")))
@@ -203,6 +204,20 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
     log.info("decode %s: %d bronze files, %d changes, %d new catalog versions, silver now at %s (%.1fs, %.0f rows/s)",
              source, len(todo), n, added, end, secs, n / secs if secs else 0)
     return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=end, catalog_versions_added=added)
+
+
+_EXECUTOR_DECODE_ERROR = re.compile(r"slotlake\.errors\.DecodeError: (.+)")
+
+
+def _executor_errors(action):
+    """Run a Spark action; a DecodeError raised on an executor comes back as one DecodeError, not a JVM trace."""
+    try:
+        return action()
+    except Exception as e:  # PythonException / Py4JJavaError wrapping the executor's traceback
+        m = _EXECUTOR_DECODE_ERROR.search(str(e))
+        if m:
+            raise DecodeError(m.group(1).strip()) from None
+        raise
 
 
 def _update_catalog(spark, path: str, rows: list, *, source: str, end_lsn: Lsn) -> int:
