@@ -165,4 +165,10 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from slotlake.errors import SlotlakeError
+
+    try:
+        sys.exit(main())
+    except SlotlakeError as e:
+        print(f"demo: error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 from slotlake.config import ENV_VAR, Config, load_config
 from slotlake.errors import SlotlakeError
+from slotlake.lsn import Lsn
 
 log = logging.getLogger("slotlake.cli")
 
@@ -58,13 +59,35 @@ def source_status(cfg: Config, source_name: str) -> dict[str, Any]:
 
     source = cfg.source(source_name)
     paths = LakePaths.of(cfg.lake, source_name)
-    tables = []
-    for schema, table in delta_log.gold_tables(paths.root):
+    tables = [] if delta_log.readable(paths.root) else runs_status(cfg, paths.runs)
+    for schema, table in delta_log.gold_tables(paths.root) if delta_log.readable(paths.root) else ():
         last = delta_log.latest_slotlake_commit(paths.gold(schema, table), "merge")
         tables.append({"table": f"{schema}.{table}", "applied_lsn": last.end_lsn if last else None,
                        "gold_version": last.version if last else None,
                        "committed_at": last.timestamp.isoformat() if last else None})
     return {"source": source_name, "slot": plain(slot_status(source)), "lake": paths.root, "tables": tables}
+
+
+def runs_status(cfg: Config, runs_path: str) -> list[dict[str, Any]]:
+    """Per gold table, its latest `_runs` row, read with a local Spark session (for lakes on object stores)."""
+    from slotlake.spark.session import get_spark
+
+    spark = get_spark("slotlake-status", "local[1]", cfg.spark.conf)
+    try:
+        from pyspark.sql import functions as F
+        from pyspark.sql.utils import AnalysisException
+
+        try:
+            runs = spark.read.format("delta").load(runs_path)
+        except AnalysisException:
+            return []  # no run has finished yet
+        latest = (runs.groupBy("schema_name", "table_name")
+                  .agg(F.max(F.struct("run_end_lsn", "gold_version", "finished_at")).alias("r"))
+                  .select("schema_name", "table_name", "r.*").orderBy("schema_name", "table_name").collect())
+    finally:
+        spark.stop()
+    return [{"table": f"{r.schema_name}.{r.table_name}", "applied_lsn": str(Lsn(r.run_end_lsn)),
+             "gold_version": r.gold_version, "committed_at": r.finished_at.isoformat()} for r in latest]
 
 
 def run_status(cfg: Config, args: argparse.Namespace) -> int:

@@ -48,6 +48,11 @@ def local_path(path: str) -> Path:
     return Path(path)
 
 
+def readable(path: str) -> bool:
+    """True when `path` is on the local filesystem (where this module can read the log)."""
+    return path.startswith("file://") or "://" not in path
+
+
 def is_delta_table(path: str) -> bool:
     return (local_path(path) / "_delta_log").is_dir()
 

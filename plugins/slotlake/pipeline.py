@@ -58,9 +58,9 @@ class SyncReport:
     archived_files: int
     archived_changes: int  # pgoutput messages written to bronze by this run's extract
     archived_bytes: int
-    decoded_changes: int  # rows appended to silver/changes by this run's decode
+    decoded_changes: int | None  # rows appended to silver/changes by this run's decode (None: lake not local)
     merged: tuple[TableMerge, ...]
-    quarantined: int  # values this run put in _quarantine instead of gold
+    quarantined: int | None  # values this run put in _quarantine instead of gold (None: lake not local)
     end_lsn: str | None  # the slot's confirmed position after extract
     slot_lag_bytes: int | None  # WAL the slot still holds back after the run
     wal_status: str | None
@@ -73,15 +73,19 @@ class SyncReport:
     def summary(self) -> str:
         merged = sum(t.inserted + t.updated + t.deleted for t in self.merged)
         lag = "?" if self.slot_lag_bytes is None else f"{self.slot_lag_bytes}"
+        decoded = "?" if self.decoded_changes is None else self.decoded_changes
+        quarantined = "?" if self.quarantined is None else self.quarantined
         return (f"sync {self.source}: archived {self.archived_changes} messages in {self.archived_files} files "
-                f"({self.archived_bytes / 1e6:.1f} MB), decoded {self.decoded_changes} changes, "
-                f"merged {merged} rows into {len(self.merged)} tables, quarantined {self.quarantined} values, "
+                f"({self.archived_bytes / 1e6:.1f} MB), decoded {decoded} changes, "
+                f"merged {merged} rows into {len(self.merged)} tables, quarantined {quarantined} values, "
                 f"end LSN {self.end_lsn}, slot lag {lag} bytes ({self.wal_status}), {self.seconds:.1f}s")
 
 
 def lake_versions(cfg: Config, source_name: str) -> dict[str, Any]:
     """Latest Delta version of every table the run writes, so the report can tell this run's commits apart."""
     paths = LakePaths.of(cfg.lake, source_name)
+    if not delta_log.readable(paths.root):
+        return {}
 
     def latest(path: str) -> int:
         return next((c.version for c in delta_log.commits(path)), -1)
@@ -156,12 +160,18 @@ def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) ->
     paths = LakePaths.of(cfg.lake, source_name)
     before = extracted.get("lake_versions") or {}
     since_gold: Mapping[str, int] = before.get("gold") or {}
-    decoded = sum(c.metrics.get("numOutputRows", 0) for c in delta_log.commits(paths.changes)
-                  if c.version > before.get("changes", -1))
-    quarantined = sum(c.metrics.get("numOutputRows", 0) for c in delta_log.commits(paths.quarantine)
-                      if c.version > before.get("quarantine", -1))
+    decoded: int | None = None
+    quarantined: int | None = None
     merged = []
-    for schema, table in delta_log.gold_tables(paths.root):
+    local = delta_log.readable(paths.root)
+    if local:
+        decoded = sum(c.metrics.get("numOutputRows", 0) for c in delta_log.commits(paths.changes)
+                      if c.version > before.get("changes", -1))
+        quarantined = sum(c.metrics.get("numOutputRows", 0) for c in delta_log.commits(paths.quarantine)
+                          if c.version > before.get("quarantine", -1))
+    else:  # the Delta logs of an object-store lake need Spark; the Spark apps' own logs carry these counts
+        log.info("lake %s is not local: the report leaves out the per-table counts", paths.root)
+    for schema, table in delta_log.gold_tables(paths.root) if local else ():
         name = f"{schema}.{table}"
         t = _table_merge(paths.gold(schema, table), name, since_gold.get(name, -1))
         if t.inserted or t.updated or t.deleted or since_gold.get(name, -1) < (t.gold_version or -1):
