@@ -216,6 +216,11 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
                     & (F.col("commit_lsn") <= int(end))))
     if mark is not None:
         batch = batch.where(F.col("commit_lsn") > int(mark))
+    # A table copied under its own snapshot (added to a running source, or a resumed copy): skip the changes of
+    # transactions the copy already holds (docs/internals.md "Snapshot").
+    copied = _copy_snapshot(session, gold) if exists else None
+    if copied is not None:
+        batch = batch.where(not_seen_by_copy(copied))
     shape_cols = F.struct("columns", "type_oids", "typmods", "key_columns", "replica_identity")
     stats = batch.agg(
         F.count(F.lit(1)).alias("n"),
