@@ -1,4 +1,4 @@
-"""Preflight: check the source can be synced, and create what is missing (publication, slot).
+"""Preflight: check the source can be synced, and create what is missing (publication, slot with its initial copy).
 
 Order matters: the publication is created (or completed) before the slot, because pgoutput looks publications
 up in the catalog as of each decoded change; a slot older than its publication fails to decode.
@@ -16,7 +16,7 @@ from slotlake import bronze
 from slotlake.config import Config, SourceConfig
 from slotlake.errors import PreflightError, SlotLostError
 from slotlake.source.connection import connect, redact, resolve_dsn
-from slotlake.source.slot import PLUGIN, SlotInfo, create_slot, current_wal_lsn, server_version_num, slot_info
+from slotlake.source.slot import PLUGIN, SlotInfo, current_wal_lsn, server_version_num, slot_info
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +172,11 @@ def _check_slot(conn: psycopg.Connection, cfg: Config, source: SourceConfig) -> 
             raise SlotLostError(
                 f"slot {source.slot} is missing but bronze holds changes up to {archived}: the slot existed and "
                 f"was dropped, so the changes after {archived} are lost; run `slotlake resync {source.name}`")
-        create_slot(conn, source.slot)
-        log.info("source %s: created replication slot %s", source.name, source.slot)
+        # A new source: the slot is created together with the initial copy of every table, under the snapshot
+        # the slot exports (it exists only while the creating connection is open; see source/snapshot.py).
+        from slotlake.source.snapshot import create_slot_with_snapshot
+
+        create_slot_with_snapshot(cfg, source)
         info = slot_info(conn, source.slot)
         assert info is not None
         return info, True
