@@ -126,6 +126,10 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
 
     src = cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
+    # Initial copies complete but not in gold yet are loaded first, so changes apply on top of them (issue 4).
+    from slotlake.spark.snapshot_job import load_snapshots
+
+    load_snapshots(spark, cfg, source)
     end = delta_state(spark, paths.changes).watermark
     if end is None:
         log.info("merge %s: silver has no decoded changes yet (%s)", source, paths.changes)
