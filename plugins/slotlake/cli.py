@@ -2,6 +2,7 @@
 
     slotlake [--config FILE] sync SOURCE      preflight, extract, decode, merge, report (like one DAG run)
     slotlake [--config FILE] status SOURCE    slot lag, retained WAL, wal_status, each gold table's applied LSN
+    slotlake [--config FILE] resync SOURCE    after a lost slot: new slot, recopy every table, rebuild gold
 
 Each command is a `Command` in COMMANDS: a name, a help line, a function adding its arguments, and a function
 that runs it. Exit 0 on success; on failure one line `slotlake: error: <message>` and exit 1 (a traceback
@@ -106,8 +107,27 @@ def run_status(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def run_resync(cfg: Config, args: argparse.Namespace) -> int:
+    from slotlake.pipeline import plain
+    from slotlake.source.snapshot import resync
+    from slotlake.spark.submit import run_spark_app, spark_app
+
+    report = resync(cfg, cfg.source(args.source))
+    # Rebuild gold now (each table replaced in a new Delta version; earlier versions stay for time travel).
+    run_spark_app(spark_app(cfg, args.source, "snapshot"))  # type: ignore[arg-type]
+    if args.json:
+        print(json.dumps(plain(report), indent=2))
+    else:
+        print("\n".join(report.lines()))
+        print(f"  gold rebuilt; the next `slotlake sync {args.source}` applies changes from "
+              f"{report.snapshot.generation}")
+    return 0
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("sync", "bring SOURCE's lake up to date (one run of the sync DAG)", _source_arg, run_sync),
+    Command("resync", "start SOURCE over after a lost slot: new slot, recopy every table, rebuild gold",
+            _source_arg, run_resync),
     Command("status", "show the slot's lag and each gold table's applied LSN", _source_arg, run_status),
 )
 
