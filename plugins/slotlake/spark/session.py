@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
 from pathlib import Path
 from typing import Mapping
 
@@ -52,6 +53,8 @@ def get_spark(app_name: str = "slotlake", master: str | None = None, extra: Mapp
     """Get or create the SparkSession. Under spark-submit the master and jars already come from the command line."""
     from pyspark.sql import SparkSession
 
+    # Python workers must run this interpreter (it has pyarrow and slotlake), not whatever `python3` is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if "SPARK_ENV_LOADED" not in os.environ and not os.environ.get("SLOTLAKE_UNDER_SPARK_SUBMIT"):
         for k, v in spark_conf(master or "local[*]", extra).items():
