@@ -41,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slotlake decode {args.source}: {e}", file=sys.stderr)
         return 1
     print(f"decoded {result.files_decoded} bronze files, {result.changes_written} changes, "
-          f"{result.catalog_versions_added} new catalog versions; silver at {result.end_lsn}")
+          f"{result.catalog_versions_added} new catalog versions, {result.ddl_events} DDL events; "
+          f"silver at {result.end_lsn}")
+    for w in result.warnings:
+        print(f"warning: {w}")
     return 0
 
 

@@ -102,6 +102,8 @@ class SeenDdl:
     lsn: int
     content: bytes
     bronze_file: str
+    xid: int = 0
+    commit_ts_us: int = 0  # microseconds since the Unix epoch, UTC
 
 
 StreamItem = SilverChange | SeenCommit | SeenRelation | SeenType | SeenDdl
@@ -185,7 +187,8 @@ class ChangeStreamDecoder:
             if msg.prefix == DDL_MESSAGE_PREFIX and msg.transactional:  # type: ignore[union-attr]
                 begin = self._require_txn(row)
                 yield SeenDdl(commit_lsn=begin.final_lsn.value, lsn=row.lsn, content=msg.content,  # type: ignore[union-attr]
-                              bronze_file=row.file)
+                              bronze_file=row.file, xid=begin.xid,
+                              commit_ts_us=pg_timestamp_to_unix_us(begin.commit_ts_us))
         elif kind is Origin:
             pass  # replication origins carry no row change
         else:  # pragma: no cover - decode_message returns only the kinds above

@@ -11,10 +11,17 @@ snapshot like any table.
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slotlake.errors import PreflightError
+from slotlake.bronze import bronze_dir
+from slotlake.errors import DecodeError, PreflightError
 from slotlake.lsn import Lsn
 from slotlake.source.ddl import TableDef, table_def_from_json
 
@@ -82,6 +89,11 @@ def read_table_defs(conn: psycopg.Connection, tables: list[str] | None = None) -
 
     Raises PreflightError naming every requested table that does not exist.
     """
+    return [d for d, _ in _read(conn, tables)]
+
+
+def _read(conn: psycopg.Connection, tables: list[str] | None) -> list[tuple[TableDef, dict]]:
+    """(definition, its JSON object) per table: the JSON is what `archive_bootstrap` keeps."""
     from psycopg.rows import tuple_row
 
     pairs = [_split(t) for t in tables] if tables is not None else []
@@ -95,10 +107,10 @@ def read_table_defs(conn: psycopg.Connection, tables: list[str] | None = None) -
         cur.execute(_TABLE_DEFS, params)
         rows = cur.fetchall()
         cur.execute("SELECT set_config('search_path', %s, true)", [old_path])
-    defs = [table_def_from_json(row[0], f"pg_catalog read of {row[0].get('schema')}.{row[0].get('name')}")
+    defs = [(table_def_from_json(row[0], f"pg_catalog read of {row[0].get('schema')}.{row[0].get('name')}"), row[0])
             for row in rows]
     if tables is not None:
-        found = {(d.schema, d.name) for d in defs}
+        found = {(d.schema, d.name) for d, _ in defs}
         missing = [f"{s}.{t}" for s, t in pairs if (s, t) not in found]
         if missing:
             raise PreflightError(f"table(s) not found in the source database: {', '.join(missing)}; check `tables:` "
@@ -106,6 +118,85 @@ def read_table_defs(conn: psycopg.Connection, tables: list[str] | None = None) -
                                  "tables only)")
     log.info("read %d table definition(s) from pg_catalog", len(defs))
     return defs
+
+
+# ---- the bootstrap archive: <lake>/<source>/bronze/catalog/<lsn hex16>.json ----
+
+BOOTSTRAP_DIR = "catalog"  # under bronze/
+BOOTSTRAP_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class BootstrapCatalog:
+    """The definitions read from pg_catalog when a slot was created, valid from the slot's consistent point."""
+
+    lsn: Lsn  # the slot's consistent point: the first `_catalog` versions start here
+    tables: tuple[TableDef, ...]
+    path: str
+
+
+def bootstrap_dir(lake_root: str) -> Path:
+    """`<lake>/<source>/bronze/catalog` (`lake_root` = `<lake>/<source>`, as in slotlake.bronze)."""
+    return bronze_dir(lake_root) / BOOTSTRAP_DIR
+
+
+def archive_bootstrap(conn: psycopg.Connection, lake_root: str, tables: list[str] | None, lsn: Lsn) -> Path:
+    """Read the definitions of `tables` (None: every user table) and archive them as valid from `lsn`.
+
+    Call it at slot creation, inside the transaction that imported the slot's exported snapshot, with
+    `lsn` = the slot's consistent point: the definitions then are exactly those in force at `lsn`. The decode
+    job turns the file into `_catalog` versions with origin `bootstrap` (docs/internals.md "Catalog").
+    `lake_root` is the source's root, `<lake>/<source>`. The file is placed atomically (written to a hidden
+    `.tmp`, fsynced, renamed, folder fsynced) like a bronze file, so the decode never reads a partial one;
+    calling it again for the same `lsn` replaces the file with the same content. Returns the file's path.
+    """
+    rows = _read(conn, tables)
+    folder = bootstrap_dir(lake_root)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"{lsn.hex16}.json"
+    tmp = folder / f".{final.name}.tmp"
+    doc = {"format": BOOTSTRAP_FORMAT, "lsn": str(lsn), "read_at": datetime.now(timezone.utc).isoformat(),
+           "tables": [obj for _, obj in rows]}
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    log.info("archived the definitions of %d table(s) valid from %s in %s", len(rows), lsn, final)
+    return final
+
+
+def list_bootstrap(lake_root: str) -> list[BootstrapCatalog]:
+    """Every archived bootstrap read of the source, oldest first (hidden `.tmp` files ignored). Pure file I/O."""
+    folder = bootstrap_dir(lake_root)
+    if not folder.is_dir():
+        return []
+    out = []
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if not _BOOTSTRAP_NAME.match(entry.name):
+            continue
+        where = f"bootstrap catalog {entry.path}"
+        try:
+            doc = json.loads(Path(entry.path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise DecodeError(f"{where} is unreadable ({e}); restore it from a backup or delete it (the catalog "
+                              "then starts at the first Relation message of each table)") from None
+        if not isinstance(doc, dict) or doc.get("format") != BOOTSTRAP_FORMAT or "lsn" not in doc:
+            raise DecodeError(f"{where} is not a format {BOOTSTRAP_FORMAT} bootstrap file; upgrade slotlake")
+        lsn = Lsn.parse(doc["lsn"])
+        if lsn.hex16 != entry.name[:16]:
+            raise DecodeError(f"{where}: its lsn {lsn} does not match its name")
+        out.append(BootstrapCatalog(lsn=lsn, path=entry.path, tables=tuple(
+            table_def_from_json(t, f"{where} tables[{i}]") for i, t in enumerate(doc.get("tables") or []))))
+    return out
+
+
+_BOOTSTRAP_NAME = re.compile(r"^[0-9A-F]{16}\.json$")
 
 
 def current_wal_lsn(conn: psycopg.Connection) -> Lsn:

@@ -2,7 +2,9 @@
 
     bronze/*.parquet ──repartition by file, sort by ord──▶ mapInArrow(ChangeStreamDecoder) ──▶ decoded rows
         decoded rows: kind=change ──join commit end LSN (kind=commit)──▶ silver/changes (append, idempotent)
-                      kind=relation/type ──collect (small)──▶ catalog versioning ──▶ _catalog (rewrite, idempotent)
+                      kind=relation/type/ddl ──collect (small)──▶ catalog versioning ──▶ _catalog (rewrite, idempotent)
+                      kind=ddl ──▶ _ddl_log (append, idempotent)
+    bronze/catalog/*.json (bootstrap read at slot creation) ──▶ catalog versioning
 
 Each bronze file is decoded in order by one task (files in parallel). The catalog is written before the silver
 commit: the silver commit is the watermark, so a crash in between re-decodes the files, and both writes are
@@ -40,6 +42,7 @@ from slotlake.decode.messages import Column, Relation, ReplicaIdentity
 from slotlake.errors import DecodeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
+from slotlake.source.catalog_read import BootstrapCatalog, list_bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,8 @@ class DecodeResult:
     changes_written: int
     end_lsn: Lsn | None  # silver's watermark after the run (end LSN of the last bronze file decoded)
     catalog_versions_added: int = 0
+    ddl_events: int = 0  # slotlake.ddl events added to _ddl_log
+    warnings: tuple[str, ...] = ()  # said once per run (also logged), e.g. what cannot be seen without DDL capture
 
 
 def app_id(source: str) -> str:
@@ -106,7 +111,7 @@ def _row_of(item) -> tuple:
         return (KIND_TYPE, item.commit_lsn, None, None, None, None, None, t.oid, t.schema, t.name, None, None,
                 None, None, None, None, None, None, None, None, None, item.bronze_file, None)
     if isinstance(item, SeenDdl):
-        return (KIND_DDL, item.commit_lsn, None, None, None, None, item.lsn, None, None, None, None, None,
+        return (KIND_DDL, item.commit_lsn, None, item.commit_ts_us, item.xid, None, item.lsn, None, None, None, None, None,
                 None, None, None, None, None, None, None, None, None, item.bronze_file, item.content)
     raise DecodeError(f"unexpected stream item {item!r}")  # pragma: no cover
 
@@ -166,33 +171,67 @@ def pending_files(files: list[BronzeFile], watermark: Lsn | None) -> list[Bronze
     return [f for f in files if watermark is None or f.end_lsn > watermark]
 
 
-def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
-    """Decode every bronze file past silver's watermark into silver/changes and _catalog. Re-running is a no-op."""
+def _decode_files(spark, files: list[BronzeFile]):
+    """The decoded rows of `files` (persisted: the caller unpersists). Each file in `ord` order by one task."""
     from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    bronze = (spark.read.schema("lsn long, xid long, data binary, ord long").parquet(*[f.path for f in files])
+              .select("lsn", "xid", "data", "ord", F.col("_metadata.file_name").alias("file")))
+    parts = max(1, min(len(files), spark.sparkContext.defaultParallelism * 4))
+    return (bronze.repartition(parts, "file").sortWithinPartitions("file", "ord")
+            .mapInArrow(decode_partition, DECODED_DDL)
+            .persist(StorageLevel.MEMORY_AND_DISK))
+
+
+def _commit_ends(decoded):
+    from pyspark.sql import functions as F
+
+    return decoded.filter(F.col("kind") == KIND_COMMIT).select("commit_lsn", F.col("commit_end_lsn").alias("_end"))
+
+
+def _silver_rows(decoded):
+    """The change rows in silver's columns, `commit_end_lsn` joined from their transaction's Commit."""
+    from pyspark.sql import functions as F
+
+    return (decoded.filter(F.col("kind") == KIND_CHANGE).join(_commit_ends(decoded), "commit_lsn", "left")
+            .withColumn("commit_end_lsn", F.col("_end")).select(*SILVER_COLUMNS))
+
+
+def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
+    """Decode every bronze file past silver's watermark into silver/changes, `_catalog` and `_ddl_log`.
+
+    Re-running is a no-op. Bootstrap definitions archived at slot creation (`bronze/catalog/*.json`) enter
+    `_catalog` here too, also when there is no new bronze file.
+    """
     from pyspark.sql import functions as F
 
     cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
     watermark = decode_watermark(spark, paths.changes, source)
     todo = pending_files(list_bronze(paths.root), watermark)
+    boots = list_bootstrap(paths.root)
     if not todo:
-        log.info("decode %s: nothing new in bronze (silver is at %s)", source, watermark)
-        return DecodeResult(files_decoded=0, changes_written=0, end_lsn=watermark)
+        # A new slot has no changes yet, but its bootstrap definitions belong in the catalog already.
+        fresh = [b for b in boots if watermark is None or b.lsn > watermark]
+        added = 0
+        if fresh:
+            added, _ = _update_catalog(spark, paths.catalog, [], fresh, source=source, end_lsn=fresh[-1].lsn)
+        log.info("decode %s: nothing new in bronze (silver is at %s)%s", source, watermark,
+                 f"; {added} catalog version(s) from the bootstrap read" if fresh else "")
+        return DecodeResult(files_decoded=0, changes_written=0, end_lsn=watermark, catalog_versions_added=added)
     end = todo[-1].end_lsn
     started = time.monotonic()
-    bronze = (spark.read.schema("lsn long, xid long, data binary, ord long").parquet(*[f.path for f in todo])
-              .select("lsn", "xid", "data", "ord", F.col("_metadata.file_name").alias("file")))
-    parts = max(1, min(len(todo), spark.sparkContext.defaultParallelism * 4))
-    decoded = (bronze.repartition(parts, "file").sortWithinPartitions("file", "ord")
-               .mapInArrow(decode_partition, DECODED_DDL)
-               .persist(StorageLevel.MEMORY_AND_DISK))
+    decoded = _decode_files(spark, todo)
     try:
-        meta_rows = _executor_errors(lambda: decoded.filter(F.col("kind").isin(KIND_RELATION, KIND_TYPE, KIND_DDL)).collect())
-        added = _update_catalog(spark, paths.catalog, meta_rows, source=source, end_lsn=end)
-        commits = (decoded.filter(F.col("kind") == KIND_COMMIT)
-                   .select("commit_lsn", F.col("commit_end_lsn").alias("_end")))
-        changes = (decoded.filter(F.col("kind") == KIND_CHANGE).join(commits, "commit_lsn", "left")
-                   .withColumn("commit_end_lsn", F.col("_end")).select(*SILVER_COLUMNS))
+        meta_rows = _executor_errors(lambda: (
+            decoded.filter(F.col("kind").isin(KIND_RELATION, KIND_TYPE, KIND_DDL))
+            .join(_commit_ends(decoded), "commit_lsn", "left").collect()))
+        added, warnings = _update_catalog(spark, paths.catalog, meta_rows, [b for b in boots if b.lsn <= end],
+                                          source=source, end_lsn=end)
+        ddl_events = write_ddl_log(spark, ddl_log_path(paths), [r for r in meta_rows if r["kind"] == KIND_DDL],
+                                   source=source, end_lsn=end)
+        changes = _silver_rows(decoded)
         n = changes.count()
         (changes.write.format("delta").mode("append")
          .option("txnAppId", app_id(source)).option("txnVersion", end.value)
@@ -201,9 +240,57 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
     finally:
         decoded.unpersist()
     secs = time.monotonic() - started
-    log.info("decode %s: %d bronze files, %d changes, %d new catalog versions, silver now at %s (%.1fs, %.0f rows/s)",
-             source, len(todo), n, added, end, secs, n / secs if secs else 0)
-    return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=end, catalog_versions_added=added)
+    for w in warnings:
+        log.warning("decode %s: %s", source, w)
+    log.info("decode %s: %d bronze files, %d changes, %d new catalog versions, %d DDL events, silver now at %s "
+             "(%.1fs, %.0f rows/s)", source, len(todo), n, added, ddl_events, end, secs, n / secs if secs else 0)
+    return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=end, catalog_versions_added=added,
+                        ddl_events=ddl_events, warnings=tuple(warnings))
+
+
+def files_for_range(files: list[BronzeFile], after: Lsn | None, upto: Lsn) -> list[BronzeFile]:
+    """The bronze files that can hold commits with `after < commit_lsn <= upto` (after None: from the start).
+
+    A file holds the commits whose end LSN is in (start, end], and a commit's LSN is at least the previous
+    commit's end, so a file with end <= after or start > upto holds none of them.
+    """
+    return [f for f in files if (after is None or f.end_lsn > after) and f.start_lsn <= upto]
+
+
+def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, changes_path: str) -> DecodeResult:
+    """Re-decode the archived changes with `after < commit_lsn <= upto` from bronze into a new silver table.
+
+    For replays and checks: `changes_path` is overwritten (one Delta commit whose userMetadata records `upto`
+    as its decode end, so the merge reads it like silver); `_catalog`, `_ddl_log` and the live silver table
+    are not touched. Every change keeps the column description of the Relation message in force when it was
+    written (the catalog version valid at its LSN), whatever the table looks like today.
+    """
+    from pyspark.sql import functions as F
+
+    cfg.source(source)
+    paths = LakePaths.of(cfg.lake, source)
+    todo = files_for_range(list_bronze(paths.root), after, upto)
+    started = time.monotonic()
+    if todo:
+        decoded = _decode_files(spark, todo)
+        cond = F.col("commit_lsn") <= int(upto)
+        if after is not None:
+            cond = cond & (F.col("commit_lsn") > int(after))
+        changes = _silver_rows(decoded).where(cond)
+    else:
+        decoded, changes = None, spark.createDataFrame([], SILVER_DDL)
+    try:
+        n = _executor_errors(changes.count)
+        (changes.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+         .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(upto), "stage": "decode",
+                                                          "after_lsn": str(after) if after else None}}))
+         .save(changes_path))
+    finally:
+        if decoded is not None:
+            decoded.unpersist()
+    log.info("decode %s: re-decoded %d change(s) with %s < commit LSN <= %s from %d bronze file(s) into %s (%.1fs)",
+             source, n, after, upto, len(todo), changes_path, time.monotonic() - started)
+    return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=upto)
 
 
 _EXECUTOR_DECODE_ERROR = re.compile(r"slotlake\.errors\.DecodeError: (.+)")
@@ -220,12 +307,17 @@ def _executor_errors(action):
         raise
 
 
-def _update_catalog(spark, path: str, rows: list, *, source: str, end_lsn: Lsn) -> int:
-    """Version `_catalog` from the Relation, Type and DDL-event rows of this run; returns versions changed."""
+def _update_catalog(spark, path: str, rows: list, boots: list[BootstrapCatalog], *, source: str,
+                    end_lsn: Lsn) -> tuple[int, list[str]]:
+    """Version `_catalog` from the bootstrap reads and this run's Relation, Type and DDL-event rows.
+
+    Returns (versions changed, warnings). The warning: a schema change seen only through a Relation message
+    (no DDL event described it), where a renamed column cannot be told from a dropped one plus an added one.
+    """
     from slotlake.source.ddl import parse_ddl_event
 
     types = {r["rel_oid"]: f"{r['schema_name']}.{r['table_name']}" for r in rows if r["kind"] == KIND_TYPE}
-    definitions = []
+    definitions = [table_def_definition(b.lsn.value, b.lsn.value, t, "bootstrap") for b in boots for t in b.tables]
     for r in rows:
         if r["kind"] == KIND_RELATION:
             keys = set(r["key_columns"])
@@ -247,4 +339,55 @@ def _update_catalog(spark, path: str, rows: list, *, source: str, end_lsn: Lsn) 
     versions, changed = apply_definitions(current, definitions)
     if changed:
         write_catalog(spark, path, versions, source=source, end_lsn=end_lsn)
-    return changed
+    before = {(v.rel_oid, v.version) for v in current}
+    blind = sorted({f"{v.schema_name}.{v.table_name}" for v in versions
+                    if v.origin == "relation" and v.version > 1 and (v.rel_oid, v.version) not in before})
+    warnings = []
+    if blind:
+        warnings.append(f"schema change of {', '.join(blind)} seen only through pgoutput Relation messages (no DDL "
+                        "capture): a renamed column looks like a dropped column plus an added one, and defaults "
+                        "of added columns are unknown; install sql/ddl_capture.sql as a superuser "
+                        "(slotlake.source.ddl.install_ddl_capture) to capture DDL")
+    return changed, warnings
+
+
+# ---- the DDL log <lake>/<source>/_ddl_log ----
+
+DDL_LOG_DDL = (
+    "commit_lsn long, commit_end_lsn long, commit_ts timestamp, xid long, lsn long, event string, "
+    "command_tag string, ddl string, ddl_truncated boolean, object_identity string, tables array<string>, "
+    "dropped array<string>, event_json string, bronze_file string"
+)
+
+
+def ddl_log_path(paths: LakePaths) -> str:
+    return f"{paths.root}/_ddl_log"
+
+
+def ddl_log_app_id(source: str) -> str:
+    return f"slotlake-ddl-{source}"
+
+
+def write_ddl_log(spark, path: str, rows: list, *, source: str, end_lsn: Lsn) -> int:
+    """Append this run's `slotlake.ddl` events to `_ddl_log` in one idempotent Delta commit; returns the count.
+
+    Same idempotence as silver (txnAppId `slotlake-ddl-<source>`, txnVersion = the decode's end LSN), written
+    before the silver commit: a crash in between re-decodes and the repeated append is skipped by Delta.
+    """
+    from slotlake.source.ddl import parse_ddl_event
+
+    if not rows:
+        return 0
+    out = []
+    for r in sorted(rows, key=lambda r: (r["commit_lsn"], r["lsn"])):
+        content = bytes(r["content"])
+        event = parse_ddl_event(content)
+        out.append((r["commit_lsn"], r["_end"], r["commit_ts"], r["xid"], r["lsn"], event.event, event.command_tag,
+                    event.query, event.query_truncated, event.object_identity,
+                    [t.qualified_name for t in event.tables], [f"{d.schema}.{d.name}" for d in event.dropped],
+                    content.decode("utf-8"), r["bronze_file"]))
+    (spark.createDataFrame(out, DDL_LOG_DDL).write.format("delta").mode("append")
+     .option("txnAppId", ddl_log_app_id(source)).option("txnVersion", end_lsn.value)
+     .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(end_lsn), "stage": "ddl_log"}}))
+     .save(path))
+    return len(out)
