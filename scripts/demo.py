@@ -83,7 +83,8 @@ def sync_dag_run(env: dict[str, str], dag_id: str) -> None:
     out = dags_test(env, dag_id)
     for line in out.splitlines():
         if "sync shop:" in line:  # the report task's summary line
-            print("   ", line.strip()[line.find("sync shop:"):])
+            summary = line[line.find("sync shop:"):]
+            print("   ", summary.split(" [slotlake.pipeline]")[0].strip())  # without Airflow's log decoration
     print(f"   {dag_id}: success in {time.time() - t:.0f}s")
 
 

@@ -71,8 +71,11 @@ def source_status(cfg: Config, source_name: str) -> dict[str, Any]:
 
 def runs_status(cfg: Config, runs_path: str) -> list[dict[str, Any]]:
     """Per gold table, its latest `_runs` row, read with a local Spark session (for lakes on object stores)."""
+    from pyspark.sql import SparkSession
+
     from slotlake.spark.session import get_spark
 
+    ours = SparkSession.getActiveSession() is None  # inside a caller's session (tests), leave it running
     spark = get_spark("slotlake-status", "local[1]", cfg.spark.conf)
     try:
         from pyspark.sql import functions as F
@@ -86,7 +89,8 @@ def runs_status(cfg: Config, runs_path: str) -> list[dict[str, Any]]:
                   .agg(F.max(F.struct("run_end_lsn", "gold_version", "finished_at")).alias("r"))
                   .select("schema_name", "table_name", "r.*").orderBy("schema_name", "table_name").collect())
     finally:
-        spark.stop()
+        if ours:
+            spark.stop()
     return [{"table": f"{r.schema_name}.{r.table_name}", "applied_lsn": str(Lsn(r.run_end_lsn)),
              "gold_version": r.gold_version, "committed_at": r.finished_at.isoformat()} for r in latest]
 
