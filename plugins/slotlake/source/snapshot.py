@@ -57,8 +57,9 @@ log = logging.getLogger(__name__)
 
 FAILPOINT_ENV = "SLOTLAKE_FAILPOINT"
 FAILPOINT_AFTER_PARTS = "snapshot_after_parts:"
-DEFAULT_WORKERS = 2
-DEFAULT_PART_PAGES = 16_384  # 128 MB of heap per part with 8 kB blocks
+# Until the config has a `snapshot:` section, these two can be set in the environment (tests use small parts).
+DEFAULT_WORKERS = int(os.environ.get("SLOTLAKE_SNAPSHOT_WORKERS", "2"))
+DEFAULT_PART_PAGES = int(os.environ.get("SLOTLAKE_SNAPSHOT_PART_PAGES", "16384"))  # 128 MB of heap at 8 kB blocks
 MANIFEST = "manifest.json"
 GENERATIONS = "_generations"
 BARRIER_TIMEOUT_S = 600.0
@@ -357,9 +358,11 @@ def _open_in_snapshot(source: SourceConfig, snapshot_name: str):
 
 
 def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], snapshot_name: str, pages: dict[str, int],
-                *, workers: int = DEFAULT_WORKERS, part_pages: int = DEFAULT_PART_PAGES) -> list[TableCopyResult]:
+                *, workers: int | None = None, part_pages: int | None = None) -> list[TableCopyResult]:
     """Copy `copies` (manifests planned by the caller) under the exported snapshot `snapshot_name`, on `workers`
     connections. The snapshot must stay exported (its transaction or replication connection open) meanwhile."""
+    workers = workers or int(os.environ.get("SLOTLAKE_SNAPSHOT_WORKERS", DEFAULT_WORKERS))
+    part_pages = part_pages or int(os.environ.get("SLOTLAKE_SNAPSHOT_PART_PAGES", DEFAULT_PART_PAGES))
     work: queue.Queue[_Part | None] = queue.Queue()
     progress: dict[str, _Progress] = {}
     t0 = time.monotonic()
@@ -511,12 +514,14 @@ def source_tables(conn: psycopg.Connection, source: SourceConfig) -> list[str]:
 
 
 def create_slot_with_snapshot(cfg: Config, source: SourceConfig, *, reason: str = "new source",
-                              workers: int = DEFAULT_WORKERS, part_pages: int = DEFAULT_PART_PAGES
+                              workers: int | None = None, part_pages: int | None = None
                               ) -> SnapshotReport:
     """Create the source's slot with an exported snapshot and copy every table under it (the publication must
     exist). Records the generation first, so a copy that dies halfway is resumed (see `ensure_snapshots`)."""
     root = f"{cfg.lake.rstrip('/')}/{source.name}"
     dsn = resolve_dsn(source)
+    with connect(source) as ctl:  # fail before creating anything
+        _check_select(ctl, source, source_tables(ctl, source))
     try:
         repl = psycopg.connect(session_dsn(dsn), autocommit=True, replication="database",
                                application_name="slotlake-snapshot")
@@ -567,7 +572,7 @@ def _publication_barrier(conn: psycopg.Connection, source: SourceConfig, timeout
 
 
 def copy_tables_now(cfg: Config, source: SourceConfig, tables: list[str], gen: Generation, *,
-                    workers: int = DEFAULT_WORKERS, part_pages: int = DEFAULT_PART_PAGES,
+                    workers: int | None = None, part_pages: int | None = None,
                     barrier_timeout: float = BARRIER_TIMEOUT_S) -> list[TableCopyResult]:
     """Copy `tables` (already in the publication) under a fresh snapshot, joined to generation `gen` with a
     visibility filter: for tables added to a running source and copies resumed after a failure."""
@@ -589,8 +594,8 @@ def copy_tables_now(cfg: Config, source: SourceConfig, tables: list[str], gen: G
     return results
 
 
-def ensure_snapshots(cfg: Config, source: SourceConfig, *, workers: int = DEFAULT_WORKERS,
-                     part_pages: int = DEFAULT_PART_PAGES) -> SnapshotReport:
+def ensure_snapshots(cfg: Config, source: SourceConfig, *, workers: int | None = None,
+                     part_pages: int | None = None) -> SnapshotReport:
     """The pipeline's snapshot step, after preflight and before extract: copy every table of the source that has
     no complete copy in the current slot generation (a table added to the config, or a copy that died halfway).
     A no-op when all are copied. Sources synced before snapshots existed (bronze but no generation) are left."""
@@ -663,8 +668,8 @@ class ResyncReport:
         return out
 
 
-def resync(cfg: Config, source: SourceConfig, *, workers: int = DEFAULT_WORKERS,
-           part_pages: int = DEFAULT_PART_PAGES) -> ResyncReport:
+def resync(cfg: Config, source: SourceConfig, *, workers: int | None = None,
+           part_pages: int | None = None) -> ResyncReport:
     """Start the source over from a new slot: drop the old slot if it still exists, create a new one with an
     exported snapshot and copy every table (a new generation). The gold load (`load_snapshots`) then replaces
     every gold table in a new Delta version. Old bronze and silver stay as history: the new slot's LSNs are past

@@ -1,0 +1,289 @@
+"""The initial copy joined to the stream: real PostgreSQL with a concurrent writer, real Spark + Delta, gold == PG.
+
+Every test runs the sync steps in this process in the pipeline's order (preflight, which creates a new source's
+slot with its copy; ensure_snapshots; extract; decode; merge, which loads complete copies first) and compares
+every gold table with PostgreSQL row by row (tests/oracle.py).
+"""
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+
+import psycopg
+import pytest
+
+from oracle import assert_gold_equals_pg
+from slotlake.config import parse_config
+from slotlake.errors import SlotLostError, SnapshotError
+from slotlake.lake import LakePaths
+from slotlake.source import snapshot as snap
+from slotlake.source.extract import extract
+from slotlake.source.preflight import run_preflight
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+SRC = "shop"
+SCHEMA = """
+CREATE TABLE accounts (id int PRIMARY KEY, balance numeric(12,2), owner text, flag boolean, code char(4));
+CREATE TABLE events (kind text, qty int);
+ALTER TABLE events REPLICA IDENTITY FULL;
+INSERT INTO accounts SELECT g, g * 1.5, 'owner ' || g, g % 2 = 0, 'c' || (g % 10) FROM generate_series(1, 3000) g;
+INSERT INTO events SELECT 'k' || (g % 7), g % 3 FROM generate_series(1, 1500) g;
+ANALYZE;
+"""
+TABLES = ["public.accounts", "public.events"]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from slotlake.spark.session import get_spark
+
+    return get_spark("test-snapshot", master="local[2]")
+
+
+@pytest.fixture(autouse=True)
+def small_parts(monkeypatch):
+    # Several parts per table, so the copy takes a while and the writer runs through it.
+    monkeypatch.setenv("SLOTLAKE_SNAPSHOT_PART_PAGES", "4")
+    monkeypatch.setenv("SLOTLAKE_SNAPSHOT_WORKERS", "2")
+
+
+def _config(lake, dsn, tables):
+    return parse_config({"lake": str(lake), "sources": {SRC: {"dsn": dsn, "tables": list(tables)}}})
+
+
+def _sql(dsn: str, text: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(text)
+
+
+class Writer(threading.Thread):
+    """Inserts, updates, deletes and key changes on `keyed` (int PK `id`) and inserts/deletes on the FULL table,
+    in small autocommit transactions, until stopped."""
+
+    def __init__(self, dsn: str, keyed: str, full: str | None, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.keyed, self.full = dsn, keyed, full
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.stop_event = threading.Event()
+        self.ops = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as c:
+                next_id = 1_000_000 * self.seed
+                while not self.stop_event.is_set():
+                    r = self.rng.random()
+                    k = self.rng.randint(1, 3000)
+                    with c.transaction():
+                        if r < 0.25:
+                            next_id += 1
+                            c.execute(f"INSERT INTO {self.keyed} (id, balance, owner, flag, code) "
+                                      "VALUES (%s, 1.25, 'new', true, 'n')", (next_id,))
+                        elif r < 0.55:
+                            c.execute(f"UPDATE {self.keyed} SET balance = balance + 1, owner = owner || '+' "
+                                      "WHERE id = %s", (k,))
+                            c.execute(f"UPDATE {self.keyed} SET flag = NOT flag WHERE id = %s", (k + 1,))
+                        elif r < 0.7:
+                            c.execute(f"DELETE FROM {self.keyed} WHERE id = %s", (k,))
+                        elif r < 0.85:
+                            next_id += 1
+                            c.execute(f"UPDATE {self.keyed} SET id = %s WHERE id = %s", (next_id, k))
+                        elif self.full:
+                            if r < 0.93:
+                                c.execute(f"INSERT INTO {self.full} VALUES ('k' || %s, %s)", (k % 7, k % 3))
+                            else:
+                                c.execute(f"DELETE FROM {self.full} WHERE ctid = (SELECT min(ctid) FROM {self.full} "
+                                          "WHERE kind = 'k' || %s)", (k % 7,))
+                    self.ops += 1
+        except BaseException as e:  # noqa: BLE001 - surfaced by stop()
+            self.error = e
+
+    def stop(self) -> int:
+        self.stop_event.set()
+        self.join(timeout=30)
+        assert self.error is None, f"writer failed: {self.error}"
+        return self.ops
+
+
+def _sync(spark, cfg):
+    from slotlake.spark.decode_job import run_decode
+    from slotlake.spark.merge_job import run_merge
+
+    src = cfg.source(SRC)
+    run_preflight(cfg, src)
+    snap.ensure_snapshots(cfg, src)
+    extract(cfg, src)
+    run_decode(spark, cfg, SRC)
+    return run_merge(spark, cfg, SRC)
+
+
+def _assert_equal(spark, cfg, dsn, tables):
+    paths = LakePaths.of(cfg.lake, SRC)
+    for t in tables:
+        assert_gold_equals_pg(spark, paths.gold(*t.split(".")), dsn, t)
+
+
+def _copy_rows(cfg, table):
+    root = LakePaths.of(cfg.lake, SRC).root
+    return [c for c in snap.table_copies(root, table)]
+
+
+def test_first_sync_copies_under_the_slot_snapshot_with_a_concurrent_writer(pg_db, tmp_path, spark):
+    _sql(pg_db, SCHEMA)
+    cfg = _config(tmp_path / "lake", pg_db, TABLES)
+    writer = Writer(pg_db, "public.accounts", "public.events", seed=1)
+    writer.start()
+    time.sleep(0.3)
+    src = cfg.source(SRC)
+    report = run_preflight(cfg, src)  # creates the slot and copies both tables while the writer runs
+    assert report.slot_created
+    ops_during = writer.ops
+    time.sleep(0.5)
+    assert writer.stop() > ops_during > 0, "the writer must have run through the copy"
+    root = LakePaths.of(cfg.lake, SRC).root
+    gen = snap.current_generation(root)
+    for t in TABLES:
+        copy = snap.complete_copy(root, t, gen)
+        assert copy is not None and copy.kind == "exported" and copy.parts_total > 1
+        assert copy.watermark == gen.watermark
+    from slotlake.spark.decode_job import run_decode
+    from slotlake.spark.merge_job import run_merge
+
+    snap.ensure_snapshots(cfg, src)
+    extract(cfg, src)
+    run_decode(spark, cfg, SRC)
+    run_merge(spark, cfg, SRC)
+    _assert_equal(spark, cfg, pg_db, TABLES)
+    # A later sync: more changes of every kind, then equality again.
+    writer = Writer(pg_db, "public.accounts", "public.events", seed=2)
+    writer.start()
+    time.sleep(1.0)
+    writer.stop()
+    _sync(spark, cfg)
+    _assert_equal(spark, cfg, pg_db, TABLES)
+
+
+def test_table_added_to_a_running_source_under_concurrent_writes(pg_db, tmp_path, spark):
+    _sql(pg_db, SCHEMA)
+    _sql(pg_db, "CREATE TABLE later (LIKE accounts INCLUDING ALL); "
+                "INSERT INTO later SELECT * FROM accounts; ANALYZE later")
+    cfg = _config(tmp_path / "lake", pg_db, TABLES)
+    _sync(spark, cfg)
+    _assert_equal(spark, cfg, pg_db, TABLES)
+    # The user adds public.later to the config while it is being written to.
+    cfg2 = _config(tmp_path / "lake", pg_db, TABLES + ["public.later"])
+    writer = Writer(pg_db, "public.later", None, seed=3)
+    writer.start()
+    time.sleep(0.3)
+    src = cfg2.source(SRC)
+    pre = run_preflight(cfg2, src)  # adds the table to the publication
+    assert pre.tables_added == ("public.later",)
+    result = snap.ensure_snapshots(cfg2, src)
+    assert [c.table for c in result.copies] == ["public.later"] and result.copies[0].kind == "current"
+    time.sleep(0.3)
+    writer.stop()
+    extract(cfg2, src)
+    from slotlake.spark.decode_job import run_decode
+    from slotlake.spark.merge_job import run_merge
+
+    run_decode(spark, cfg2, SRC)
+    run_merge(spark, cfg2, SRC)
+    _assert_equal(spark, cfg2, pg_db, TABLES + ["public.later"])
+    writer = Writer(pg_db, "public.later", None, seed=4)
+    writer.start()
+    time.sleep(0.5)
+    writer.stop()
+    _sync(spark, cfg2)
+    _assert_equal(spark, cfg2, pg_db, TABLES + ["public.later"])
+
+
+def test_killed_snapshot_resumes_the_unfinished_table_to_an_exact_result(pg_db, tmp_path, spark, monkeypatch):
+    _sql(pg_db, SCHEMA)
+    cfg = _config(tmp_path / "lake", pg_db, TABLES)
+    src = cfg.source(SRC)
+    root = LakePaths.of(cfg.lake, SRC).root
+    writer = Writer(pg_db, "public.accounts", "public.events", seed=5)
+    writer.start()
+    monkeypatch.setenv("SLOTLAKE_SNAPSHOT_WORKERS", "1")  # parts in order: accounts first, then events
+    monkeypatch.setenv(snap.FAILPOINT_ENV, f"{snap.FAILPOINT_AFTER_PARTS}2")
+    with pytest.raises(SnapshotError, match="failpoint"):
+        run_preflight(cfg, src)
+    monkeypatch.delenv(snap.FAILPOINT_ENV)
+    gen = snap.current_generation(root)
+    assert gen is not None
+    unfinished = [t for t in TABLES if snap.complete_copy(root, t, gen) is None]
+    assert unfinished, "the failpoint must leave a table half copied"
+    time.sleep(0.3)
+    _sync(spark, cfg)  # the slot exists now: ensure_snapshots recopies the unfinished table under a new snapshot
+    writer.stop()
+    for t in TABLES:
+        done = snap.complete_copy(root, t, gen)
+        assert done is not None
+        assert done.kind == ("current" if t in unfinished else "exported")
+    finished = [t for t in TABLES if t not in unfinished]
+    for t in finished:  # a finished table is never copied again
+        assert len(snap.table_copies(root, t)) == 1
+    _sync(spark, cfg)
+    _assert_equal(spark, cfg, pg_db, TABLES)
+
+
+def test_slot_dropped_by_hand_then_resync(pg_db, tmp_path, spark):
+    from delta.tables import DeltaTable
+
+    from slotlake.spark.snapshot_job import load_snapshots
+
+    _sql(pg_db, SCHEMA)
+    cfg = _config(tmp_path / "lake", pg_db, TABLES)
+    src = cfg.source(SRC)
+    _sync(spark, cfg)
+    _sql(pg_db, "UPDATE accounts SET owner = 'before drop' WHERE id <= 10")
+    _sync(spark, cfg)
+    _assert_equal(spark, cfg, pg_db, TABLES)
+    paths = LakePaths.of(cfg.lake, SRC)
+    gold = paths.gold("public", "accounts")
+    version_before = DeltaTable.forPath(spark, gold).history(1).collect()[0]["version"]
+    _sql(pg_db, f"SELECT pg_drop_replication_slot('{src.slot}')")
+    # Changes made while there is no slot are lost to the stream; the resync's copy brings them.
+    _sql(pg_db, "UPDATE accounts SET owner = 'lost' WHERE id <= 100; DELETE FROM events WHERE qty = 0")
+    with pytest.raises(SlotLostError, match="resync"):
+        run_preflight(cfg, src)
+    report = snap.resync(cfg, src)
+    assert report.old_slot is None and not report.old_slot_dropped
+    assert report.snapshot.slot_created and {c.table for c in report.snapshot.copies} == set(TABLES)
+    assert report.old_bronze_end is not None and report.snapshot.generation > report.old_bronze_end
+    loads = load_snapshots(spark, cfg, SRC)
+    assert all(x.gold_version is not None and x.gold_version > 0 for x in loads)
+    _assert_equal(spark, cfg, pg_db, TABLES)
+    # Time travel: the version before the resync still reads the old contents.
+    old = spark.read.format("delta").option("versionAsOf", version_before).load(gold)
+    assert old.where("owner = 'lost'").count() == 0 and old.where("owner = 'before drop'").count() == 10
+    writer = Writer(pg_db, "public.accounts", "public.events", seed=6)
+    writer.start()
+    time.sleep(0.5)
+    writer.stop()
+    _sync(spark, cfg)
+    _assert_equal(spark, cfg, pg_db, TABLES)
+
+
+def test_table_without_select_right_fails_naming_it(pg_db, pg_server, tmp_path):
+    _sql(pg_db, SCHEMA)
+    role = f"r_{os.getpid()}_{int(time.time())}"
+    _sql(pg_db, f"CREATE ROLE {role} LOGIN REPLICATION; GRANT SELECT ON accounts TO {role}; "
+                "CREATE PUBLICATION slotlake_shop FOR TABLE accounts, events")
+    try:
+        dsn = pg_server.dsn(pg_db.rsplit("/", 1)[1], user=role)
+        cfg = _config(tmp_path / "lake", dsn, TABLES)
+        with pytest.raises(SnapshotError, match=r"table public\.events cannot be copied: .* no SELECT"):
+            snap.create_slot_with_snapshot(cfg, cfg.source(SRC))
+        with psycopg.connect(pg_db) as c:  # checked before anything was created
+            assert c.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'slotlake_shop'"
+                             ).fetchone()[0] == 0
+    finally:
+        _sql(pg_db, f"DROP OWNED BY {role}; DROP ROLE {role}")
