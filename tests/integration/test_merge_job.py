@@ -301,14 +301,35 @@ def test_soft_deletes_keep_the_last_state(spark, tmp_path):
     lake.decode([ITEMS.ins(100, 0, "1", "a"), ITEMS.ins(100, 1, "2", "b"), ITEMS.ins(100, 2, "3", "c")], 150)
     lake.merge()
     lake.decode([ITEMS.upd(200, 0, "1", "a2"), ITEMS.dele(300, 0, "1", "a2"), ITEMS.dele(300, 1, "2", "b"),
-                 ITEMS.ins(400, 0, "9", "tmp"), ITEMS.dele(500, 0, "9", "tmp")], 550)
+                 ITEMS.ins(400, 0, "9", "tmp"), ITEMS.dele(500, 0, "9", "tmp"), ITEMS.ins(500, 1, "5", "five")], 550)
     lake.merge()
     assert lake.gold(ITEMS, "_slotlake_deleted", "_slotlake_lsn") == [
-        (1, "a2", True, 300), (2, "b", True, 300), (3, "c", False, 100), (9, "tmp", True, 500)]
-    lake.decode([ITEMS.ins(600, 0, "2", "back"), ITEMS.trunc(700, 0), ITEMS.ins(800, 0, "3", "c3")], 850)
+        (1, "a2", True, 300), (2, "b", True, 300), (3, "c", False, 100), (5, "five", False, 500),
+        (9, "tmp", True, 500)]
+    # TRUNCATE: changes before it are void (row 2's re-insert never shows); live rows are marked deleted at its
+    # LSN, unless a change after it writes them again.
+    lake.decode([ITEMS.ins(600, 0, "2", "back"), ITEMS.trunc(700, 0), ITEMS.ins(800, 0, "3", "c3"),
+                 ITEMS.ins(800, 1, "1", "one")], 850)
+    lake.decode([ITEMS.ins(900, 0, "4", "d")], 950)  # split in two decode commits; one merge
     lake.merge()
     assert lake.gold(ITEMS, "_slotlake_deleted", "_slotlake_lsn") == [
-        (1, "a2", True, 300), (2, "back", True, 700), (3, "c3", False, 800), (9, "tmp", True, 500)]
+        (1, "one", False, 800), (2, "b", True, 300), (3, "c3", False, 800), (4, "d", False, 900),
+        (5, "five", True, 700), (9, "tmp", True, 500)]
+
+
+def test_soft_deletes_of_identical_rows_with_full_identity(spark, tmp_path):
+    lake = Lake(spark, tmp_path, delete_mode="soft")
+    t = Tbl("tags", (("tag", TEXT, -1, True),), ri="f")
+    lake.decode([t.ins(100, 0, "x"), t.ins(100, 1, "x")], 150)
+    lake.merge()
+    lake.decode([t.dele(200, 0, "x")], 250)
+    lake.merge()
+    assert lake.gold(t, "_slotlake_dup", "_slotlake_deleted", "_slotlake_lsn") == [
+        ("x", 1, False, 100), ("x", 2, True, 200)]
+    lake.decode([t.ins(300, 0, "x"), t.ins(300, 1, "x")], 350)
+    lake.merge()
+    assert lake.gold(t, "_slotlake_dup", "_slotlake_deleted", "_slotlake_lsn") == [
+        ("x", 1, False, 100), ("x", 2, False, 300), ("x", 3, False, 300)]
 
 
 def test_bad_values_are_quarantined_and_null_in_gold(lake):

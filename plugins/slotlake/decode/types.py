@@ -267,7 +267,8 @@ def _array_udf():
     # Created lazily: a UDF needs an active SparkContext.
     global _parse_array_udf
     if _parse_array_udf is None:
-        _parse_array_udf = F.udf(_parse_array_row, _PARSED)
+        # A plain lambda: Spark would otherwise try to infer a pandas UDF from the type hints.
+        _parse_array_udf = F.udf(lambda text: _parse_array_row(text), _PARSED)
     return _parse_array_udf
 
 
