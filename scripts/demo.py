@@ -133,16 +133,11 @@ def main() -> int:
             "    schedule: \"0 * * * *\"\n")
         print(f"   config: {cfg_path}\n" + "".join(f"     {line}\n" for line in cfg_path.read_text().splitlines()))
 
-        step("preflight: creating the publication and the replication slot (changes from here on are kept)")
-        from slotlake.pipeline import task_preflight
-
-        task_preflight(load_config(str(cfg_path)), "shop")
-        env = local_airflow_env(work / "airflow", cfg_path)
-        migrate(env)
-
         step("round 1: inserts (customers, orders with ~10 KB TOASTed notes, items with duplicate rows, products)")
         run_sql(dsn, ROUND_1)
-        step("airflow dags test slotlake_sync__shop")
+        env = local_airflow_env(work / "airflow", cfg_path)
+        migrate(env)
+        step("airflow dags test slotlake_sync__shop   (first run: creates the slot and copies the tables)")
         sync_dag_run(env, "slotlake_sync__shop")
 
         step("round 2: updates around TOAST, deletes, key changes, a delete of one of two identical rows, "
