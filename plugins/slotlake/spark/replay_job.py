@@ -1,0 +1,241 @@
+"""The replay Spark work (see slotlake.replay for the semantics): resolve X/Y, re-decode, rebuild.
+
+    X, Y ──(timestamps: last silver commit before them)──▶ LSNs
+    per table: base R = greatest recorded end LSN <= X (`_runs`, and the gold table's own slotlake commits)
+    bronze ──decode_range (R_min, Y]──▶ scratch silver ──┬─ --dest: gold@R (time travel) + merge(R, Y] ──▶ dest
+                                                         └─ in place: silver (R_min, Y] replaced (replaceWhere),
+                                                            gold@R + merge(R, silver end] ──▶ gold (overwrite)
+Scratch tables live under `<lake>/<source>/_replay/<run id>/` and are removed afterwards.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from slotlake.bronze import list_bronze
+from slotlake.config import Config
+from slotlake.errors import SlotlakeError
+from slotlake.lake import LakePaths
+from slotlake.lsn import Lsn
+from slotlake.merge.plan import watermark_of
+from slotlake.replay import Point, ReplayRequest, format_point
+from slotlake.spark.decode_job import decode_range, decode_watermark
+
+log = logging.getLogger(__name__)
+
+
+class ReplayError(SlotlakeError):
+    """A replay cannot run as asked (nothing archived in range, unknown table, ...)."""
+
+
+@dataclass(frozen=True)
+class TableReplay:
+    schema_name: str
+    table_name: str
+    base_lsn: Lsn | None  # the recorded end LSN the rebuild started from (None: empty table)
+    base_version: int | None  # the gold Delta version read by time travel
+    target: str  # the Delta table written
+    rows: int  # rows in the result
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    source: str
+    from_lsn: Lsn
+    to_lsn: Lsn
+    changes_redecoded: int
+    in_place: bool
+    tables: tuple[TableReplay, ...]
+
+    def summary(self) -> str:
+        where = "in place" if self.in_place else "into " + ", ".join(t.target for t in self.tables)
+        return (f"replay {self.source}: ({self.from_lsn}, {self.to_lsn}] re-decoded {self.changes_redecoded} "
+                f"change(s); rebuilt {len(self.tables)} table(s) {where}")
+
+
+# ---- resolving X and Y -------------------------------------------------------------------------------------
+
+def resolve(spark, changes_path: str, point: Point) -> Lsn:
+    """An LSN as is; a moment T -> the greatest commit LSN in silver with commit_ts < T (0/0 when none)."""
+    from pyspark.sql import functions as F
+
+    if isinstance(point, Lsn):
+        return point
+    naive_utc = point.replace(tzinfo=None)  # the session time zone is UTC (slotlake.spark.session)
+    got = (spark.read.format("delta").load(changes_path).where(F.col("commit_ts") < F.lit(naive_utc))
+           .agg(F.max("commit_lsn")).collect()[0][0])
+    return Lsn(got or 0)
+
+
+# ---- bases: the state a rebuild starts from ----------------------------------------------------------------
+
+def recorded_ends(spark, runs_path: str, gold_path: str, schema: str, table: str) -> list[tuple[Lsn, int]]:
+    """(end LSN, gold Delta version) pairs at which the table's state is known: the `_runs` rows of the table
+    and the gold table's own slotlake commits (merges, and the initial-copy load that `_runs` does not list)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    if not DeltaTable.isDeltaTable(spark, gold_path):
+        return []
+    history = DeltaTable.forPath(spark, gold_path).history().select("version", "userMetadata",
+                                                                    "operation").collect()
+    out = {}
+    for h in history:
+        end = watermark_of(h["userMetadata"])
+        if end is not None and h["operation"] != "RESTORE":
+            out[(end, h["version"])] = None
+    if DeltaTable.isDeltaTable(spark, runs_path):
+        live = {h["version"] for h in history}
+        for r in (spark.read.format("delta").load(runs_path)
+                  .where((F.col("schema_name") == schema) & (F.col("table_name") == table))
+                  .select("run_end_lsn", "gold_version").collect()):
+            if r["gold_version"] in live:  # a version VACUUM/log cleanup removed cannot be read back
+                out[(Lsn(r["run_end_lsn"]), r["gold_version"])] = None
+    return sorted(out, key=lambda p: (p[0], p[1]))
+
+
+def base_at(ends: list[tuple[Lsn, int]], lsn: Lsn) -> tuple[Lsn, int] | None:
+    """The latest (end, version) with end <= lsn, else None. Pure."""
+    best = None
+    for end, version in ends:
+        if end <= lsn and (best is None or (end, version) > best):
+            best = (end, version)
+    return best
+
+
+# ---- the run -----------------------------------------------------------------------------------------------
+
+def _delete_path(spark, path: str) -> None:
+    """Remove a folder on any Hadoop filesystem (local, s3a, abfs): scratch tables and replaced --dest tables."""
+    jvm = spark.sparkContext._jvm
+    p = jvm.org.apache.hadoop.fs.Path(path)
+    p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(p, True)
+
+
+def _meta(end: Lsn, stage: str, req: ReplayRequest, frm: Lsn, to: Lsn) -> str:
+    return json.dumps({"slotlake": {"end_lsn": str(end), "stage": stage,
+                                    "replay": {"from": str(frm), "to": str(to), "asked": [format_point(req.from_),
+                                                                                          format_point(req.to)]}}})
+
+
+def _tables(spark, cfg: Config, req: ReplayRequest, scratch_changes: str, runs_path: str) -> list[tuple[str, str]]:
+    from delta.tables import DeltaTable
+
+    if req.tables:
+        return list(req.tables)
+    src = cfg.source(req.source)
+    if src.tables:
+        return [tuple(t.split(".", 1)) for t in src.tables]  # type: ignore[misc]
+    names = {(r[0], r[1]) for r in spark.read.format("delta").load(scratch_changes)
+             .select("schema_name", "table_name").distinct().collect()}
+    if DeltaTable.isDeltaTable(spark, runs_path):
+        names |= {(r[0], r[1]) for r in spark.read.format("delta").load(runs_path)
+                  .select("schema_name", "table_name").distinct().collect()}
+    return sorted(names)
+
+
+def _build(spark, cfg: Config, source: str, schema: str, table: str, base: tuple[Lsn, int] | None, gold: str,
+           target: str, silver: str, end: Lsn) -> None:
+    """`target` := gold as of `base` (time travel; nothing when None) + the changes of `silver` up to `end`."""
+    from slotlake.spark.merge_job import run_merge
+
+    _delete_path(spark, target)  # a new table: no data and no idempotent-write ids of an earlier run
+    if base is not None:
+        (spark.read.format("delta").option("versionAsOf", base[1]).load(gold)
+         .write.format("delta").mode("overwrite")
+         .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(base[0]), "stage": "merge"}}))
+         .save(target))
+    run_merge(spark, cfg, source, [f"{schema}.{table}"], silver_path=silver,
+              gold_path_for=lambda s, t: target, end_lsn=end)
+
+
+def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
+    """Replay `req` (see slotlake.replay). Raises ReplayError when the range is not archived/decoded."""
+    from delta.tables import DeltaTable
+
+    started = time.monotonic()
+    source = req.source
+    cfg.source(source)
+    paths = LakePaths.of(cfg.lake, source)
+    silver_end = decode_watermark(spark, paths.changes, source)
+    if silver_end is None:
+        raise ReplayError(f"replay {source}: nothing is decoded yet ({paths.changes}); run `slotlake sync {source}`")
+    frm, to = resolve(spark, paths.changes, req.from_), resolve(spark, paths.changes, req.to)
+    files = list_bronze(paths.root)
+    archived = files[-1].end_lsn if files else None
+    if frm > to:
+        raise ReplayError(f"replay {source}: --from resolves to {frm}, after --to ({to})")
+    if archived is None or to > archived:
+        raise ReplayError(f"replay {source}: --to {format_point(req.to)} ({to}) is past what bronze holds "
+                          f"({archived}); run `slotlake sync {source}` first or choose an earlier --to")
+    if req.dest is None and to > silver_end:
+        raise ReplayError(f"replay {source}: --to {to} is past silver ({silver_end}); decode first (slotlake sync)")
+    scratch = f"{paths.root}/_replay/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    scratch_changes = f"{scratch}/changes"
+    every = not req.tables and not cfg.source(source).tables
+    try:
+        names = _tables(spark, cfg, req, _empty_changes(spark, scratch_changes), paths.runs)
+        bases = {(s, t): base_at(recorded_ends(spark, paths.runs, paths.gold(s, t), s, t), frm) for s, t in names}
+        # Re-decode from the earliest base (from the start of bronze if a table has none).
+        after = min((b[0] for b in bases.values() if b), default=None) if all(bases.values()) else None
+        decoded = decode_range(spark, cfg, source, after, to, scratch_changes)
+        if every:
+            extra = [n for n in _tables(spark, cfg, req, scratch_changes, paths.runs) if n not in bases]
+            if extra:  # tables no run recorded yet: built from the first archived change
+                bases.update({n: None for n in extra})
+                if after is not None:
+                    after = None
+                    decoded = decode_range(spark, cfg, source, None, to, scratch_changes)
+        results = []
+        if req.dest is not None:
+            for (s, t), base in sorted(bases.items()):
+                target = f"{req.dest.rstrip('/')}/{s}/{t}"
+                _build(spark, cfg, source, s, t, base, paths.gold(s, t), target, scratch_changes, to)
+                results.append(_result(spark, s, t, base, target))
+        else:
+            _replace_silver(spark, scratch_changes, paths.changes, after, to, silver_end, req, frm)
+            for (s, t), base in sorted(bases.items()):
+                gold = paths.gold(s, t)
+                rebuilt = f"{scratch}/gold/{s}/{t}"
+                _build(spark, cfg, source, s, t, base, gold, rebuilt, paths.changes, silver_end)
+                df = spark.read.format("delta").load(rebuilt) if DeltaTable.isDeltaTable(spark, rebuilt) else None
+                if df is None:
+                    continue  # no state and no change: nothing to write
+                (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                 .option("userMetadata", _meta(silver_end, "merge", req, frm, to)).save(gold))
+                results.append(_result(spark, s, t, base, gold))
+    finally:
+        _delete_path(spark, scratch)
+    result = ReplayResult(source=source, from_lsn=frm, to_lsn=to, changes_redecoded=decoded.changes_written,
+                          in_place=req.dest is None, tables=tuple(results))
+    log.info("%s (%.1fs)", result.summary(), time.monotonic() - started)
+    return result
+
+
+def _empty_changes(spark, path: str) -> str:
+    from slotlake.spark.decode_job import SILVER_DDL
+
+    spark.createDataFrame([], SILVER_DDL).write.format("delta").mode("overwrite").save(path)
+    return path
+
+
+def _replace_silver(spark, scratch_changes: str, changes: str, after: Lsn | None, to: Lsn, silver_end: Lsn,
+                    req: ReplayRequest, frm: Lsn) -> None:
+    """Silver's rows with after < commit_lsn <= to := the re-decoded ones, in one commit; the watermark stays."""
+    from slotlake.spark.decode_job import SILVER_COLUMNS
+
+    cond = f"commit_lsn <= {int(to)}" + (f" AND commit_lsn > {int(after)}" if after is not None else "")
+    (spark.read.format("delta").load(scratch_changes).select(*SILVER_COLUMNS)
+     .write.format("delta").mode("overwrite").option("replaceWhere", cond)
+     .option("userMetadata", _meta(silver_end, "decode", req, frm, to)).save(changes))
+
+
+def _result(spark, s: str, t: str, base: tuple[Lsn, int] | None, target: str) -> TableReplay:
+    from delta.tables import DeltaTable
+
+    rows = spark.read.format("delta").load(target).count() if DeltaTable.isDeltaTable(spark, target) else 0
+    return TableReplay(s, t, base[0] if base else None, base[1] if base else None, target, rows)
+
