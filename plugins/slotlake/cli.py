@@ -3,6 +3,7 @@
     slotlake [--config FILE] sync SOURCE      preflight, extract, decode, merge, report (like one DAG run)
     slotlake [--config FILE] status SOURCE    slot lag, retained WAL, wal_status, each gold table's applied LSN
     slotlake [--config FILE] resync SOURCE    after a lost slot: new slot, recopy every table, rebuild gold
+    slotlake [--config FILE] replay SOURCE --from X --to Y [--table T ...] [--dest PATH]
 
 Each command is a `Command` in COMMANDS: a name, a help line, a function adding its arguments, and a function
 that runs it. Exit 0 on success; on failure one line `slotlake: error: <message>` and exit 1 (a traceback
@@ -128,11 +129,29 @@ def run_resync(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="SOURCE", help="a source name from the config's `sources:`")
+    p.add_argument("--from", dest="from_", required=True, metavar="X", help="LSN (16/B374D848) or ISO time (UTC)")
+    p.add_argument("--to", required=True, metavar="Y", help="LSN or ISO time (UTC): rebuild the state at Y")
+    p.add_argument("--table", action="append", dest="tables", metavar="T", help="schema.table (repeatable; "
+                   "default: every table)")
+    p.add_argument("--dest", metavar="PATH", help="write <PATH>/<schema>/<table> instead of rebuilding in place")
+
+
+def run_replay(cfg: Config, args: argparse.Namespace) -> int:
+    from slotlake.replay import replay
+
+    replay(cfg, args.source, args.from_, args.to, args.tables, args.dest)
+    return 0
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("sync", "bring SOURCE's lake up to date (one run of the sync DAG)", _source_arg, run_sync),
     Command("resync", "start SOURCE over after a lost slot: new slot, recopy every table, rebuild gold",
             _source_arg, run_resync),
     Command("status", "show the slot's lag and each gold table's applied LSN", _source_arg, run_status),
+    Command("replay", "re-decode SOURCE's archived changes from X to Y and rebuild tables (in place or --dest)",
+            _replay_args, run_replay),
 )
 
 
