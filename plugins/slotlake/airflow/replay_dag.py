@@ -1,0 +1,51 @@
+"""`slotlake_replay__<source>`: the Airflow backfill target (see slotlake.replay for what a replay does).
+
+One run = one data interval of the source's schedule (hourly by default): the commits with
+`data_interval_start <= commit_ts < data_interval_end` are re-decoded from bronze with the historical catalog and
+the tables rebuilt, in place unless the `dest` Param names a folder. Runs go in order (`depends_on_past`, one
+active run) and nothing is scheduled by itself (`catchup=False`, paused on creation): a user picks a date range in the UI's Backfill
+form, or runs `airflow backfill create --dag-id slotlake_replay__<source> --from-date ... --to-date ...`.
+The single task is a SparkSubmitOperator running `spark_apps/replay.py`, as `slotlake replay` does.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from airflow.sdk import DAG, CronDataIntervalTimetable, Param
+
+from slotlake.config import Config
+
+INTERVAL_START = "{{ data_interval_start.isoformat() }}"
+INTERVAL_END = "{{ data_interval_end.isoformat() }}"
+
+
+def build_replay_dag(cfg: Config, source_name: str) -> DAG:
+    from slotlake.airflow.dag_factory import _start_date, spark_conn_id, spark_submit_task
+    from slotlake.spark.submit import spark_app
+
+    source = cfg.source(source_name)
+    app = spark_app(cfg, source_name, "replay")  # type: ignore[arg-type]  # spark_apps/replay.py
+    app = dataclasses.replace(app, args=(
+        *app.args, "--from", INTERVAL_START, "--to", INTERVAL_END,
+        "--tables", "{{ (params.tables or []) | join(',') }}", "--dest", "{{ params.dest or '' }}"))
+    with DAG(
+        dag_id=f"slotlake_replay__{source_name}",
+        description=f"Re-derive source {source_name}'s lake for each data interval from the archived changes",
+        schedule=CronDataIntervalTimetable(source.schedule, timezone="UTC"),
+        start_date=_start_date(source.start_date),
+        catchup=False,
+        max_active_runs=1,
+        is_paused_upon_creation=True,  # an in-place replay every hour is not wanted; backfills run it
+        tags=["slotlake", f"source:{source_name}", "replay"],
+        default_args={"retries": 0, "depends_on_past": True},
+        params={
+            "tables": Param([], type="array", items={"type": "string"},
+                            description="schema.table names to rebuild; empty: every table of the source"),
+            "dest": Param(None, type=["null", "string"],
+                          description="a folder: write <dest>/<schema>/<table> (state at the interval's end) "
+                                      "instead of rebuilding the lake in place"),
+        },
+        doc_md=__doc__,
+    ) as dag:
+        spark_submit_task(app, "replay", spark_conn_id(cfg))
+    return dag
