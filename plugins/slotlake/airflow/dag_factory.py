@@ -16,6 +16,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG, CronDataIntervalTimetable, task
 
 from slotlake import pipeline
+from slotlake.airflow.replay_dag import build_replay_dag
 from slotlake.config import Config
 from slotlake.spark.submit import SparkApp, code_zip, spark_app
 
@@ -101,6 +102,6 @@ def build_dags(cfg: Config) -> dict[str, DAG]:
     """Every DAG for every configured source, by dag_id."""
     dags: dict[str, DAG] = {}
     for name in cfg.sources:
-        dag = build_sync_dag(cfg, name)
-        dags[dag.dag_id] = dag
+        for dag in (build_sync_dag(cfg, name), build_replay_dag(cfg, name)):
+            dags[dag.dag_id] = dag
     return dags
