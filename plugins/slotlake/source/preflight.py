@@ -159,7 +159,7 @@ def _ensure_publication(conn: psycopg.Connection, source: SourceConfig) -> tuple
                                  f"{stmt.as_string(conn)}") from None
         log.info("source %s: added %s to publication %s", source.name, ", ".join(missing), pub)
         warnings.append(f"added {', '.join(missing)} to publication {pub}: changes are captured from now on; "
-                        "rows that existed before need an initial copy")
+                        "rows that existed before are copied by the snapshot step")
     return list(source.tables), False, missing, warnings
 
 
@@ -223,6 +223,12 @@ def run_preflight(cfg: Config, source: SourceConfig) -> PreflightReport:
                 warnings.append(f"slot {source.slot} retains {retained / 1024 / 1024:.0f} MB of WAL (more than "
                                 f"extract.warn_retained_wal_mb = {cfg.extract.warn_retained_wal_mb}); run syncs "
                                 "more often or raise extract.upto_nchanges / max_calls")
+    if not slot_created:
+        # Tables without a complete initial copy in this slot's generation (added to the config, or a copy that
+        # died halfway) are copied now, joined to the stream by their own snapshot (source/snapshot.py).
+        from slotlake.source.snapshot import ensure_snapshots
+
+        ensure_snapshots(cfg, source)
     for w in warnings:
         log.warning("source %s: %s", source.name, w)
     return PreflightReport(source=source.name, server_version=version_text, server_version_num=version,
