@@ -78,7 +78,7 @@ def main() -> int:
         dsn = pg.dsn("postgres")
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(SCHEMA)
-            c.execute("INSERT INTO accounts SELECT g, g % 100, 0, '' FROM generate_series(1, %s) g", (args.rows,))
+            c.execute("INSERT INTO accounts SELECT g, g %% 100, 0, '' FROM generate_series(1, %s) g", (args.rows,))
             c.execute("VACUUM ANALYZE accounts")
             size = c.execute("SELECT pg_relation_size('accounts')").fetchone()[0]
         print(f"table accounts: {args.rows} rows, heap {size / 1e6:.0f} MB")

@@ -1,7 +1,8 @@
 """The initial copy joined to the stream: real PostgreSQL with a concurrent writer, real Spark + Delta, gold == PG.
 
 Every test runs the sync steps in this process in the pipeline's order (preflight, which creates a new source's
-slot with its copy; ensure_snapshots; extract; decode; merge, which loads complete copies first) and compares
+slot with its copy and copies tables still missing one; extract; decode; merge, which loads complete copies
+first) and compares
 every gold table with PostgreSQL row by row (tests/oracle.py).
 """
 from __future__ import annotations
@@ -118,7 +119,6 @@ def _sync(spark, cfg):
 
     src = cfg.source(SRC)
     run_preflight(cfg, src)
-    snap.ensure_snapshots(cfg, src)
     extract(cfg, src)
     run_decode(spark, cfg, SRC)
     return run_merge(spark, cfg, SRC)
@@ -128,11 +128,6 @@ def _assert_equal(spark, cfg, dsn, tables):
     paths = LakePaths.of(cfg.lake, SRC)
     for t in tables:
         assert_gold_equals_pg(spark, paths.gold(*t.split(".")), dsn, t)
-
-
-def _copy_rows(cfg, table):
-    root = LakePaths.of(cfg.lake, SRC).root
-    return [c for c in snap.table_copies(root, table)]
 
 
 def test_first_sync_copies_under_the_slot_snapshot_with_a_concurrent_writer(pg_db, tmp_path, spark):
@@ -156,7 +151,7 @@ def test_first_sync_copies_under_the_slot_snapshot_with_a_concurrent_writer(pg_d
     from slotlake.spark.decode_job import run_decode
     from slotlake.spark.merge_job import run_merge
 
-    snap.ensure_snapshots(cfg, src)
+    assert snap.ensure_snapshots(cfg, src).copies == ()  # everything was copied with the slot
     extract(cfg, src)
     run_decode(spark, cfg, SRC)
     run_merge(spark, cfg, SRC)
@@ -183,10 +178,15 @@ def test_table_added_to_a_running_source_under_concurrent_writes(pg_db, tmp_path
     writer.start()
     time.sleep(0.3)
     src = cfg2.source(SRC)
-    pre = run_preflight(cfg2, src)  # adds the table to the publication
+    pre = run_preflight(cfg2, src)  # adds the table to the publication, then copies it under its own snapshot
     assert pre.tables_added == ("public.later",)
-    result = snap.ensure_snapshots(cfg2, src)
-    assert [c.table for c in result.copies] == ["public.later"] and result.copies[0].kind == "current"
+    root = LakePaths.of(cfg2.lake, SRC).root
+    gen = snap.current_generation(root)
+    added = snap.complete_copy(root, "public.later", gen)
+    assert added is not None and added.kind == "current" and added.parts_total > 1
+    assert added.copy_snapshot is not None and added.watermark == gen.watermark
+    assert [len(snap.table_copies(root, t)) for t in TABLES] == [1, 1]  # the others are not copied again
+    assert snap.ensure_snapshots(cfg2, src).copies == ()
     time.sleep(0.3)
     writer.stop()
     extract(cfg2, src)
@@ -221,7 +221,7 @@ def test_killed_snapshot_resumes_the_unfinished_table_to_an_exact_result(pg_db, 
     unfinished = [t for t in TABLES if snap.complete_copy(root, t, gen) is None]
     assert unfinished, "the failpoint must leave a table half copied"
     time.sleep(0.3)
-    _sync(spark, cfg)  # the slot exists now: ensure_snapshots recopies the unfinished table under a new snapshot
+    _sync(spark, cfg)  # the slot exists now: preflight recopies the unfinished table under a new snapshot
     writer.stop()
     for t in TABLES:
         done = snap.complete_copy(root, t, gen)
@@ -287,3 +287,20 @@ def test_table_without_select_right_fails_naming_it(pg_db, pg_server, tmp_path):
                              ).fetchone()[0] == 0
     finally:
         _sql(pg_db, f"DROP OWNED BY {role}; DROP ROLE {role}")
+
+
+def test_spark_visibility_predicate_matches_the_pure_rule(spark):
+    from slotlake.lsn import Lsn
+    from slotlake.merge.visibility import CopySnapshot, not_seen_by_copy, seen_by_copy
+
+    epoch = 7 << 32
+    snaps = [CopySnapshot.parse("100:110:102,105", Lsn(5000)),
+             CopySnapshot(epoch + 0xFFFFFFF0, epoch + (1 << 32) + 0x10, (epoch + (1 << 32) + 0x5,), Lsn(5000)),
+             CopySnapshot.parse("50:50:", Lsn(5000))]
+    xids = [1, 49, 50, 99, 100, 101, 102, 104, 105, 109, 110, 111, 0xFFFFFFEF, 0xFFFFFFF0, 0xFFFFFFFE, 3, 5, 0x10]
+    rows = [(x, lsn) for x in xids for lsn in (4000, 4999, 5000, 6000)]
+    df = spark.createDataFrame(rows, "xid long, commit_lsn long")
+    for s in snaps:
+        got = {(r["xid"], r["commit_lsn"]) for r in df.where(not_seen_by_copy(s)).collect()}
+        want = {(x, lsn) for x, lsn in rows if not seen_by_copy(x, lsn, s)}
+        assert got == want, s
