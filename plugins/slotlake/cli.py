@@ -119,7 +119,7 @@ def run_resync(cfg: Config, args: argparse.Namespace) -> int:
 
     report = resync(cfg, cfg.source(args.source))
     # Rebuild gold now (each table replaced in a new Delta version; earlier versions stay for time travel).
-    run_spark_app(spark_app(cfg, args.source, "snapshot"))  # type: ignore[arg-type]
+    run_spark_app(spark_app(cfg, args.source, "snapshot"))
     if args.json:
         print(json.dumps(plain(report), indent=2))
     else:
