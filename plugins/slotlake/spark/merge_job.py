@@ -17,7 +17,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -115,12 +115,18 @@ def delta_watermark(spark: SparkSession, path: str) -> Lsn | None:
 # ---- the run -----------------------------------------------------------------------------------------------
 
 def run_merge(spark: SparkSession, cfg: Config, source: str,
-              tables: Sequence[str] | Sequence[tuple[str, str]] | None = None) -> MergeReport:
+              tables: Sequence[str] | Sequence[tuple[str, str]] | None = None, *,
+              silver_path: str | None = None, gold_path_for: Callable[[str, str], str] | None = None,
+              end_lsn: Lsn | None = None) -> MergeReport:
     """Merge every table (or `tables`, "schema.table") of `source` up to silver's watermark.
 
     Guarantees: each table's change is one Delta commit carrying its watermark; re-running is a no-op; `_runs`
     gets one row per table (also for tables without changes) once every table has merged.
     Raises MergeError (after the other tables finished) if any table cannot be merged.
+
+    For replays: `silver_path` reads another changes table, `gold_path_for(schema, table)` writes other gold
+    paths (then `_runs` is not written: those tables are not the lake's gold), `end_lsn` stops earlier than
+    silver's watermark.
     """
     from delta.tables import DeltaTable
 
@@ -130,18 +136,22 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
     from slotlake.spark.snapshot_job import load_snapshots
 
     load_snapshots(spark, cfg, source)
-    end = delta_state(spark, paths.changes).watermark
+    changes_path = silver_path or paths.changes
+    end = delta_state(spark, changes_path).watermark
     if end is None:
-        log.info("merge %s: silver has no decoded changes yet (%s)", source, paths.changes)
+        log.info("merge %s: silver has no decoded changes yet (%s)", source, changes_path)
         return MergeReport(source, None, ())
-    silver = spark.read.format("delta").load(paths.changes)
+    if end_lsn is not None:
+        end = min(end, Lsn.parse(end_lsn))
+    silver = spark.read.format("delta").load(changes_path)
     names = _table_names(silver, src, end, tables)
     _ensure_table(spark, paths.quarantine, QUARANTINE_SCHEMA)
     results: dict[tuple[str, str], TableMergeResult] = {}
     errors: list[str] = []
 
     def one(name: tuple[str, str]) -> TableMergeResult:
-        return _merge_table(spark.newSession(), src, paths, name[0], name[1], end)
+        gold = gold_path_for(*name) if gold_path_for else paths.gold(*name)
+        return _merge_table(spark.newSession(), src, paths, name[0], name[1], end, changes_path, gold)
 
     with ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="slotlake-merge") as pool:
         futures = {name: pool.submit(one, name) for name in names}
@@ -155,6 +165,10 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
                 errors.append(f"{name[0]}.{name[1]}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     if errors:
         raise MergeError(f"merge {source} to {end} failed for {len(errors)} table(s): " + " | ".join(errors))
+    report = MergeReport(source, end, tuple(results[n] for n in names))
+    if gold_path_for is not None:
+        log.info("%s (custom gold paths: _runs not written)", report.summary())
+        return report
     finished = datetime.now(timezone.utc)
     runs = spark.createDataFrame(
         [(int(end), r.schema_name, r.table_name, r.gold_version, finished) for r in results.values()], RUNS_SCHEMA)
@@ -164,7 +178,6 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
      .merge(runs.alias("s"), "t.run_end_lsn = s.run_end_lsn AND t.schema_name = s.schema_name "
                               "AND t.table_name = s.table_name")
      .whenNotMatchedInsertAll().execute())
-    report = MergeReport(source, end, tuple(results[n] for n in names))
     log.info("%s", report.summary())
     return report
 
@@ -206,16 +219,15 @@ class _Truncate:
 
 
 def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, schema: str, table: str,
-                 end: Lsn) -> TableMergeResult:
+                 end: Lsn, changes_path: str, gold: str) -> TableMergeResult:
     from delta.tables import DeltaTable
 
     name = f"{schema}.{table}"
-    gold = paths.gold(schema, table)
     state = delta_state(session, gold)
     exists, mark = state.version is not None, state.watermark
     if mark is not None and mark >= end:
         return TableMergeResult(schema, table, 0, state.version, up_to_date=True)
-    batch = (session.read.format("delta").load(paths.changes)
+    batch = (session.read.format("delta").load(changes_path)
              .where((F.col("schema_name") == schema) & (F.col("table_name") == table)
                     & (F.col("commit_lsn") <= int(end))))
     if mark is not None:
