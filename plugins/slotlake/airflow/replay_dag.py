@@ -2,7 +2,8 @@
 
 One run = one data interval of the source's schedule (hourly by default): the commits with
 `data_interval_start <= commit_ts < data_interval_end` are re-decoded from bronze with the historical catalog and
-the tables rebuilt, in place unless the `dest` Param names a folder. Runs go in order (`depends_on_past`, one
+the tables rebuilt, in place unless the `dest` Param names a folder (then each run writes the state at its
+interval's end to `<dest>/<interval end as YYYYmmddTHHMMSSZ>/<schema>/<table>`). Runs go in order (`depends_on_past`, one
 active run) and nothing is scheduled by itself (`catchup=False`, paused on creation): a user picks a date range in the UI's Backfill
 form, or runs `airflow backfill create --dag-id slotlake_replay__<source> --from-date ... --to-date ...`.
 The single task is a SparkSubmitOperator running `spark_apps/replay.py`, as `slotlake replay` does.
@@ -17,6 +18,9 @@ from slotlake.config import Config
 
 INTERVAL_START = "{{ data_interval_start.isoformat() }}"
 INTERVAL_END = "{{ data_interval_end.isoformat() }}"
+# With a `dest`, each run writes the state at its interval's end to its own folder, so a backfill keeps them all.
+DEST = ("{{ (params.dest.rstrip('/') ~ '/' ~ data_interval_end.strftime('%Y%m%dT%H%M%SZ')) "
+        "if params.dest else '' }}")
 
 
 def build_replay_dag(cfg: Config, source_name: str) -> DAG:
@@ -27,7 +31,7 @@ def build_replay_dag(cfg: Config, source_name: str) -> DAG:
     app = spark_app(cfg, source_name, "replay")  # type: ignore[arg-type]  # spark_apps/replay.py
     app = dataclasses.replace(app, args=(
         *app.args, "--from", INTERVAL_START, "--to", INTERVAL_END,
-        "--tables", "{{ (params.tables or []) | join(',') }}", "--dest", "{{ params.dest or '' }}"))
+        "--tables", "{{ (params.tables or []) | join(',') }}", "--dest", DEST))
     with DAG(
         dag_id=f"slotlake_replay__{source_name}",
         description=f"Re-derive source {source_name}'s lake for each data interval from the archived changes",
@@ -42,7 +46,8 @@ def build_replay_dag(cfg: Config, source_name: str) -> DAG:
             "tables": Param([], type="array", items={"type": "string"},
                             description="schema.table names to rebuild; empty: every table of the source"),
             "dest": Param(None, type=["null", "string"],
-                          description="a folder: write <dest>/<schema>/<table> (state at the interval's end) "
+                          description="a folder: write <dest>/<interval end, "
+                                      "YYYYmmddTHHMMSSZ>/<schema>/<table>, the state at the interval's end, "
                                       "instead of rebuilding the lake in place"),
         },
         doc_md=__doc__,

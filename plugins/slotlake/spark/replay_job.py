@@ -59,15 +59,23 @@ class ReplayResult:
 # ---- resolving X and Y -------------------------------------------------------------------------------------
 
 def resolve(spark, changes_path: str, point: Point) -> Lsn:
-    """An LSN as is; a moment T -> the greatest commit LSN in silver with commit_ts < T (0/0 when none)."""
+    """An LSN as is; a moment T -> the greatest commit LSN in silver with commit_ts < T.
+
+    With no commit before T, the LSN just before silver's first commit: the state before any decoded change
+    (the initial copy, when the slot was created with one). Commit timestamps follow commit order closely but
+    not strictly; LSN order is what a replay applies.
+    """
     from pyspark.sql import functions as F
 
     if isinstance(point, Lsn):
         return point
     naive_utc = point.replace(tzinfo=None)  # the session time zone is UTC (slotlake.spark.session)
-    got = (spark.read.format("delta").load(changes_path).where(F.col("commit_ts") < F.lit(naive_utc))
-           .agg(F.max("commit_lsn")).collect()[0][0])
-    return Lsn(got or 0)
+    got = (spark.read.format("delta").load(changes_path)
+           .agg(F.max(F.when(F.col("commit_ts") < F.lit(naive_utc), F.col("commit_lsn"))), F.min("commit_lsn"))
+           .collect()[0])
+    if got[0] is not None:
+        return Lsn(got[0])
+    return Lsn(max(got[1] - 1, 0)) if got[1] is not None else Lsn(0)
 
 
 # ---- bases: the state a rebuild starts from ----------------------------------------------------------------
