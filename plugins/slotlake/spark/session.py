@@ -22,6 +22,9 @@ BASE_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # Plain Python UDFs (the array-literal parser) through the pickled runner: Spark 4.2's Arrow-batched UDF
+    # runner can leave a worker waiting forever for its UDF list when fed by a columnar scan (SPARK-58241).
+    "spark.sql.execution.pythonUDF.arrow.enabled": "false",
     "spark.databricks.delta.schema.autoMerge.enabled": "false",
     "spark.driver.memory": "2g",
 }
