@@ -4,7 +4,8 @@ One run = one data interval of the source's schedule (hourly by default): the co
 `data_interval_start <= commit_ts < data_interval_end` are re-decoded from bronze with the historical catalog and
 the tables rebuilt, in place unless the `dest` Param names a folder (then each run writes the state at its
 interval's end to `<dest>/<interval end as YYYYmmddTHHMMSSZ>/<schema>/<table>`). Runs go in order (`depends_on_past`, one
-active run) and nothing is scheduled by itself (`catchup=False`, paused on creation): a user picks a date range in the UI's Backfill
+active run) and nothing is replayed by the schedule itself: `catchup=False`, and the `gate` task skips runs the
+scheduler creates (run type `scheduled`), so only backfills and manual runs do work: a user picks a date range in the UI's Backfill
 form, or runs `airflow backfill create --dag-id slotlake_replay__<source> --from-date ... --to-date ...`.
 The single task is a SparkSubmitOperator running `spark_apps/replay.py`, as `slotlake replay` does.
 """
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from airflow.sdk import DAG, CronDataIntervalTimetable, Param
+from airflow.exceptions import AirflowSkipException
+from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
 
 from slotlake.config import Config
 
@@ -39,7 +41,6 @@ def build_replay_dag(cfg: Config, source_name: str) -> DAG:
         start_date=_start_date(source.start_date),
         catchup=False,
         max_active_runs=1,
-        is_paused_upon_creation=True,  # an in-place replay every hour is not wanted; backfills run it
         tags=["slotlake", f"source:{source_name}", "replay"],
         default_args={"retries": 0, "depends_on_past": True},
         params={
@@ -52,5 +53,11 @@ def build_replay_dag(cfg: Config, source_name: str) -> DAG:
         },
         doc_md=__doc__,
     ) as dag:
-        spark_submit_task(app, "replay", spark_conn_id(cfg))
+        @task(task_id="gate")
+        def gate(dag_run=None) -> None:
+            # An in-place replay of every hour as it passes would only repeat the sync: backfills and manual runs.
+            if dag_run is not None and str(dag_run.run_type).lower().endswith("scheduled"):
+                raise AirflowSkipException("scheduled run: slotlake_replay runs only as a backfill or manual run")
+
+        gate() >> spark_submit_task(app, "replay", spark_conn_id(cfg))
     return dag
