@@ -660,7 +660,8 @@ class ResyncReport:
             state = (f"{old.name} wal_status={old.wal_status} invalidated={old.invalidated or 'no'} "
                      f"confirmed_flush={old.confirmed_flush_lsn}")
         out = [f"resync {self.source}: old slot: {state}" + (" (dropped)" if self.old_slot_dropped else ""),
-               f"  bronze of the old slot ends at {self.old_bronze_end} (kept as history)",
+               (f"  bronze of the old slot ends at {self.old_bronze_end} (kept as history)"
+                if self.old_bronze_end is not None else "  no bronze from the old slot"),
                f"  new slot at consistent point {self.snapshot.generation}; gold is rebuilt from the copy and "
                f"changes apply from there"]
         out += [f"  copied {c.table}: {c.rows} rows in {c.parts} part(s), {c.bytes / 1e6:.1f} MB"
