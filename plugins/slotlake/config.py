@@ -62,6 +62,7 @@ class SourceConfig:
     history: bool
     start_date: str
     on_bad_value: str  # quarantine | fail
+    on_drop_column: str = "keep"  # keep | drop: what gold does with a column dropped in the source
 
     def lake_path(self, lake: str) -> str:
         return f"{lake.rstrip('/')}/{self.name}"
@@ -87,7 +88,7 @@ _TOP_KEYS = {"lake", "spark", "sources", "extract"}
 _SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit"}
 _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_mb"}
 _SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
-                "start_date", "on_bad_value"}
+                "start_date", "on_bad_value", "on_drop_column"}
 
 
 def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
@@ -167,9 +168,13 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
     on_bad_value = raw.get("on_bad_value", "quarantine")
     if on_bad_value not in ("quarantine", "fail"):
         raise ConfigError(f"{where}.on_bad_value: {on_bad_value!r} must be quarantine or fail")
+    on_drop_column = raw.get("on_drop_column", "keep")
+    if on_drop_column not in ("keep", "drop"):
+        raise ConfigError(f"{where}.on_drop_column: {on_drop_column!r} must be keep (the gold column stays, NULL "
+                          "from the drop on) or drop (the gold column is dropped with its data)")
     return SourceConfig(name=name, dsn=dsn, conn_id=conn_id, slot=slot, publication=publication, tables=tables,
                         schedule=schedule, delete_mode=delete_mode, history=history, start_date=start_date,
-                        on_bad_value=on_bad_value)
+                        on_bad_value=on_bad_value, on_drop_column=on_drop_column)
 
 
 def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = None) -> Config:
