@@ -14,6 +14,7 @@ row the net count change is applied to copies numbered by `_slotlake_dup`. NOTHI
 from __future__ import annotations
 
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -604,3 +605,6 @@ def _execute_merge(session: SparkSession, src: SourceConfig, gold: str, schema: 
     finally:
         for k in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
             session.conf.unset(k)
+    # Test-only failpoint: the process dies right after the first table's commit, before the others and `_runs`.
+    if os.environ.get("SLOTLAKE_FAILPOINT") == "merge_after_first_table":
+        os._exit(137)
