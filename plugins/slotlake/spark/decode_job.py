@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -231,6 +232,9 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
                                           source=source, end_lsn=end)
         ddl_events = write_ddl_log(spark, ddl_log_path(paths), [r for r in meta_rows if r["kind"] == KIND_DDL],
                                    source=source, end_lsn=end)
+        # Test-only failpoint: the process dies after the catalog and DDL log commits, before the silver commit.
+        if os.environ.get("SLOTLAKE_FAILPOINT") == "decode_after_catalog":
+            os._exit(137)
         changes = _silver_rows(decoded)
         n = changes.count()
         (changes.write.format("delta").mode("append")
