@@ -35,3 +35,17 @@ def pg_db(pg_server):
             f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{name}' AND NOT active"
         )
         pg_server.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One Spark session (one JVM) for the whole pytest session, for tests that use Spark in-process.
+
+    Modules may still define their own `spark` fixture; `get_spark` is get-or-create, so those share this JVM too.
+    Tiny test tables: a few partitions instead of Spark's and Delta's production defaults (200 / 50).
+    """
+    from slotlake.spark.session import get_spark
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    yield get_spark("slotlake-tests", "local[2]", {
+        "spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"})
