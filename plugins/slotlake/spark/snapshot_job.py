@@ -144,6 +144,8 @@ def load_snapshots(spark: SparkSession, cfg: Config, source: str,
     default: the configured tables, else every table with a copy). Re-running loads nothing twice."""
     paths = LakePaths.of(cfg.lake, source)
     src = cfg.source(source)
+    if "://" in paths.root and not paths.root.startswith("file://"):
+        return []  # copies live in bronze, which is local only: a lake on an object store holds none
     names = list(tables or src.tables or _copied_tables(paths.root))
     return [load_table(spark, cfg, source, c) for c in pending_loads(paths.root, names)]
 
