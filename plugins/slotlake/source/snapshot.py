@@ -395,9 +395,21 @@ def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], s
                 c = progress[part.table].copy
                 try:
                     entry = _copy_part(bulk, c, part, copy_dir(lake_root, c.table, c.copy_id))
-                except BaseException as e:  # noqa: BLE001
-                    results.put((part.table, part, e))
-                    return
+                except Exception as first:  # noqa: BLE001
+                    # Once more on a new connection in the same snapshot (still exported: the coordinator holds
+                    # it), e.g. after a dropped connection; a second failure fails the copy.
+                    log.warning("snapshot %s: %s part %d failed (%s); retrying it once in the same snapshot",
+                                source.name, part.table, part.index, scrub(str(first), dsn))
+                    try:
+                        bulk.close()
+                    except Exception:  # noqa: BLE001 - replaced below
+                        pass
+                    try:
+                        bulk = _open_in_snapshot(source, snapshot_name)
+                        entry = _copy_part(bulk, c, part, copy_dir(lake_root, c.table, c.copy_id))
+                    except BaseException as e:  # noqa: BLE001 - reported to the coordinator
+                        results.put((part.table, part, e))
+                        return
                 results.put((part.table, part, entry))
         finally:
             try:
