@@ -23,8 +23,9 @@ from typing import Callable, Sequence
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import DataType, IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
+from slotlake.catalog import CatalogVersion
 from slotlake.config import Config, SourceConfig
 from slotlake.decode.types import typed_value
 from slotlake.errors import MergeError
@@ -32,7 +33,8 @@ from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import (COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, TXN_APP_ID, TXN_VERSION, USER_METADATA,
                                  KeyStrategy, TablePlan, TableShape, latest_watermark, merge_commit_conf, plan_table,
-                                 schema_mismatch)
+                                 schema_mismatch, watermark_of)
+from slotlake.merge.evolution import ColumnHistoryEvent, Evolution, column_events, plan_evolution
 from slotlake.merge.visibility import CopySnapshot, not_seen_by_copy
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ RUNS_SCHEMA = StructType([
     StructField("finished_at", TimestampType()),
 ])
 _MAX_LINEAGE_ROUNDS = 64
+TEXT_OID = 25
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class TableMergeResult:
     unapplied: int = 0  # updates/deletes of a REPLICA IDENTITY NOTHING table (cannot be applied)
     truncated: bool = False
     up_to_date: bool = False  # the table's watermark was already at the run end: nothing done
+    schema_changes: tuple[str, ...] = ()  # what the run did to the gold schema ("added c", "renamed a to b", ...)
+    notes: tuple[str, ...] = ()  # what slotlake could not see (e.g. defaults of columns added without DDL capture)
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,11 @@ class MergeReport:
     source: str
     end_lsn: Lsn | None  # None: silver has no decoded changes yet
     tables: tuple[TableMergeResult, ...]
+    dropped_tables: tuple[str, ...] = ()  # tables the catalog marks dropped: no changes any more, gold kept
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(n for t in self.tables for n in t.notes)
 
     @property
     def quarantined(self) -> int:
@@ -83,8 +93,17 @@ class MergeReport:
 
     def summary(self) -> str:
         changed = sum(t.changes for t in self.tables)
-        return (f"merge {self.source}: {len(self.tables)} table(s) at {self.end_lsn}, {changed} change(s), "
-                f"{self.quarantined} quarantined value(s), {self.unapplied} unapplied change(s)")
+        out = (f"merge {self.source}: {len(self.tables)} table(s) at {self.end_lsn}, {changed} change(s), "
+               f"{self.quarantined} quarantined value(s), {self.unapplied} unapplied change(s)")
+        evolved = [f"{t.schema_name}.{t.table_name}: {', '.join(t.schema_changes)}" for t in self.tables
+                   if t.schema_changes]
+        if evolved:
+            out += "; schema changes: " + "; ".join(evolved)
+        if self.dropped_tables:
+            out += "; dropped in the source (gold kept): " + ", ".join(self.dropped_tables)
+        if self.notes:
+            out += "; NOTE: " + " | ".join(self.notes)
+        return out
 
 
 # ---- watermarks --------------------------------------------------------------------------------------------
@@ -166,7 +185,7 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
                 errors.append(f"{name[0]}.{name[1]}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     if errors:
         raise MergeError(f"merge {source} to {end} failed for {len(errors)} table(s): " + " | ".join(errors))
-    report = MergeReport(source, end, tuple(results[n] for n in names))
+    report = MergeReport(source, end, tuple(results[n] for n in names), _dropped_tables(spark, paths, end))
     if gold_path_for is not None:
         log.info("%s (custom gold paths: _runs not written)", report.summary())
         return report
@@ -238,40 +257,41 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     copied = _copy_snapshot(session, gold) if exists else None
     if copied is not None:
         batch = batch.where(not_seen_by_copy(copied))
-    shape_cols = F.struct("columns", "type_oids", "typmods", "key_columns", "replica_identity")
     stats = batch.agg(
         F.count(F.lit(1)).alias("n"),
         F.max(F.when(F.col("op") == "T", F.struct("commit_lsn", "seq", "commit_ts"))).alias("trunc"),
-        F.collect_set(F.when(F.col("op") != "T", shape_cols)).alias("shapes"),
     ).collect()[0]
     n = int(stats["n"])
     if n == 0:
         return TableMergeResult(schema, table, 0, state.version)
     trunc = _Truncate(*stats["trunc"]) if stats["trunc"] is not None else None
-    shapes = stats["shapes"]
-    if len(shapes) > 1:
-        raise MergeError(
-            f"{name}: the table's definition changes within the changes up to {end} "
-            f"({len(shapes)} different column lists / replica identities); schema changes are not supported yet")
-    if not shapes:  # only TRUNCATE in the batch
+    layouts = _layouts(batch)
+    evo: Evolution | None = None
+    schema_changes: list[str] = []
+    if not layouts:  # only TRUNCATE in the batch
         if not exists:
             return TableMergeResult(schema, table, n, None, truncated=True)
         existing = DeltaTable.forPath(session, gold).toDF().schema
         plan = None
         soft = DELETED_COL in existing.fieldNames()
     else:
-        s = shapes[0]
-        shape = TableShape(schema, table, tuple(s["columns"]), tuple(s["type_oids"]), tuple(s["typmods"]),
-                           tuple(s["key_columns"] or ()), s["replica_identity"])
-        plan = plan_table(shape, src.delete_mode)
+        start = _gold_at_watermark(session, gold) if exists else None
+        events, captured = _column_events(session, paths, schema, table, end)
+        evo = plan_evolution(name, start, [(lsn, shape) for (lsn, _), shape in layouts], events,
+                             mark=int(mark) if mark is not None else -1, on_drop_column=src.on_drop_column,
+                             ddl_capture=captured)
+        plan = _unified_plan(name, evo, [shape for _, shape in layouts], src.delete_mode)
         soft = plan.soft_delete
+        wanted = _with_types(plan.gold_schema, evo)
         if exists:
-            diff = schema_mismatch(DeltaTable.forPath(session, gold).toDF().schema, plan.gold_schema)
+            schema_changes = _evolve_gold(session, gold, name, evo, plan)
+            diff = schema_mismatch(_sorted_fields(DeltaTable.forPath(session, gold).toDF().schema),
+                                   _sorted_fields(wanted))
             if diff:
                 raise MergeError(f"{name}: gold table {gold} does not match the table's definition in silver ({diff}); "
-                                 "schema changes are not supported yet")
+                                 "was it written by something else than slotlake? Resync the table")
         else:
-            session.createDataFrame([], plan.gold_schema).write.format("delta").mode("ignore").save(gold)
+            session.createDataFrame([], wanted).write.format("delta").mode("ignore").save(gold)
 
     after = batch
     if trunc is not None:  # changes before the (last) TRUNCATE are void: it empties the table at its LSN
@@ -283,8 +303,8 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     typed: DataFrame | None = None
     source_df: DataFrame | None = None
     try:
-        if plan is not None:
-            typed = typed_changes(after, plan).persist(StorageLevel.MEMORY_AND_DISK)
+        if plan is not None and evo is not None:
+            typed = _typed_layouts(after, plan, evo, layouts).persist(StorageLevel.MEMORY_AND_DISK)
             quarantined = quarantine_bad_values(session, src, paths, plan, typed, end)
             if plan.strategy is KeyStrategy.KEYED:
                 source_df = _keyed_source(plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
@@ -306,10 +326,218 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         rows_inserted=int(metrics.get("numTargetRowsInserted", 0)),
         rows_updated=int(metrics.get("numTargetRowsUpdated", 0)),
         rows_deleted=int(metrics.get("numTargetRowsDeleted", 0)),
-        quarantined=quarantined, unapplied=unapplied, truncated=trunc is not None)
+        quarantined=quarantined, unapplied=unapplied, truncated=trunc is not None,
+        schema_changes=tuple(schema_changes), notes=evo.notes if evo is not None else ())
     log.info("merged %s: %d change(s) up to %s -> gold version %s (+%d ~%d -%d rows, %d quarantined)",
              name, n, end, version, result.rows_inserted, result.rows_updated, result.rows_deleted, quarantined)
     return result
+
+
+# ---- schema evolution (docs/internals.md "Gold: schema evolution") ------------------------------------------
+
+Layout = tuple[tuple[int, int], TableShape]  # ((commit_lsn, seq) of its first change, shape)
+
+
+def _shape_of(schema: str, table: str, s) -> TableShape:
+    return TableShape(schema, table, tuple(s["columns"]), tuple(s["type_oids"]), tuple(s["typmods"]),
+                      tuple(s["key_columns"] or ()), s["replica_identity"])
+
+
+def _layouts(batch: DataFrame) -> list[Layout]:
+    """The column layouts of the batch's row changes in commit order, each with the id of its first change.
+
+    Usually one. Several when the source's schema changed: one per switch, so a layout that comes back (a column
+    added and dropped again) is a new entry. Only small summaries reach the driver.
+    """
+    rows = batch.where(F.col("op") != "T")
+    shape = F.struct("schema_name", "table_name", "columns", "type_oids", "typmods", "key_columns",
+                     "replica_identity").alias("shape")
+    cid = F.struct("commit_lsn", "seq")
+    spans = sorted(rows.groupBy(shape).agg(F.min(cid).alias("lo"), F.max(cid).alias("hi")).collect(),
+                   key=lambda r: tuple(r["lo"]))
+    if all(tuple(a["hi"]) < tuple(b["lo"]) for a, b in zip(spans, spans[1:])):
+        return [((int(r["lo"][0]), int(r["lo"][1])), _shape_of(r["shape"]["schema_name"], r["shape"]["table_name"],
+                                                              r["shape"])) for r in spans]
+    # A layout comes back: find every switch (one row per transaction and layout, ordered; a small result).
+    per_tx = rows.groupBy("commit_lsn", shape).agg(F.min("seq").alias("lo"))
+    w = Window.orderBy("commit_lsn", "lo")
+    switches = (per_tx.withColumn("prev", F.lag("shape").over(w))
+                .where(F.col("prev").isNull() | (F.col("prev") != F.col("shape")))
+                .orderBy("commit_lsn", "lo").collect())
+    return [((int(r["commit_lsn"]), int(r["lo"])), _shape_of(r["shape"]["schema_name"], r["shape"]["table_name"],
+                                                            r["shape"])) for r in switches]
+
+
+def _gold_at_watermark(session: SparkSession, gold: str) -> list[tuple[str, DataType]]:
+    """Gold's source columns as of its newest watermarked commit (the state the run starts from).
+
+    Not the latest schema: a run that died after evolving the schema (ALTERs are their own commits) and before
+    its merge commit must see the same start again, so the re-run makes the same decisions (defaults included).
+    """
+    from delta.tables import DeltaTable
+
+    hist = DeltaTable.forPath(session, gold).history().select("version", "userMetadata").collect()
+    marked = [r["version"] for r in hist if watermark_of(r["userMetadata"]) is not None]
+    version = max(marked) if marked else min(r["version"] for r in hist)
+    fields = session.read.format("delta").option("versionAsOf", version).load(gold).schema.fields
+    return [(f.name, f.dataType) for f in fields if not f.name.startswith("_slotlake_")]
+
+
+def _column_events(session: SparkSession, paths: LakePaths, schema: str, table: str,
+                   end: Lsn) -> tuple[list[ColumnHistoryEvent], bool]:
+    """Renames and adds of the table from the bootstrap read and the DDL events up to `end`; and whether DDL
+    capture is in use (the `_ddl_log` holds events)."""
+    from delta.tables import DeltaTable
+
+    from slotlake.source.catalog_read import list_bootstrap
+    from slotlake.source.ddl import parse_ddl_event
+    from slotlake.spark.decode_job import ddl_log_path
+
+    definitions = [(b.lsn.value, t) for b in list_bootstrap(paths.root) for t in b.tables]
+    log_path = ddl_log_path(paths)
+    captured = False
+    if DeltaTable.isDeltaTable(session, log_path):
+        events = session.read.format("delta").load(log_path).where(F.col("commit_lsn") <= int(end))
+        captured = events.limit(1).count() > 0
+        for r in events.where(F.size("tables") > 0).select("commit_lsn", "lsn", "event_json") \
+                .orderBy("commit_lsn", "lsn").collect():
+            definitions += [(int(r["commit_lsn"]), t) for t in parse_ddl_event(r["event_json"].encode("utf-8")).tables]
+    return column_events(definitions, schema, table), captured
+
+
+def _unified_plan(name: str, evo: Evolution, shapes: list[TableShape], delete_mode: str) -> TablePlan:
+    """The plan over gold's columns after the run: type of the newest layout holding each column, its keys."""
+    oids, mods = [], []
+    for i in range(len(evo.columns)):
+        where = [(k, p[i]) for k, p in enumerate(evo.positions) if p[i] is not None]
+        if where:
+            k, p = where[-1]
+            oids.append(shapes[k].type_oids[p])
+            mods.append(shapes[k].typmods[p])
+        else:  # a column the source dropped: never typed again (its values are NULL from now on)
+            oids.append(TEXT_OID)
+            mods.append(-1)
+    last = shapes[-1]
+    gold_of = {p: evo.columns[i] for i, p in enumerate(evo.positions[-1]) if p is not None}
+    keys = tuple(gold_of[last.columns.index(k)] for k in last.key_columns)
+    shape = TableShape(last.schema_name, last.table_name, evo.columns, tuple(oids), tuple(mods), keys,
+                       last.replica_identity)
+    return plan_table(shape, delete_mode)
+
+
+def _with_types(schema: StructType, evo: Evolution) -> StructType:
+    types = dict(zip(evo.columns, evo.types))
+    return StructType([StructField(f.name, types.get(f.name, f.dataType), f.nullable) for f in schema.fields])
+
+
+def _sorted_fields(schema: StructType) -> StructType:
+    return StructType(sorted(schema.fields, key=lambda f: f.name))
+
+
+def _evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, plan: TablePlan) -> list[str]:
+    """Bring gold's schema to `evo` with Delta DDL, each step only if not done yet (a re-run repeats none).
+
+    Returns what was done, for the report. Old rows of an added column get the value PostgreSQL gave them (its
+    constant default) by an UPDATE of the rows still NULL, repeated harmlessly by a re-run.
+    """
+    from delta.tables import DeltaTable
+
+    table = DeltaTable.forPath(session, gold)
+    current = {f.name: f.dataType for f in table.toDF().schema.fields}
+    props = table.detail().select("properties").collect()[0][0] or {}
+    ref = f"delta.`{gold.replace('`', '``')}`"
+    done: list[str] = []
+    renames = [(o, n) for o, n in evo.renames if o in current and n not in current]
+    drops = [d for d in evo.drops if d in current]
+    if (renames or drops) and props.get("delta.columnMapping.mode") != "name":
+        # Column mapping by name: a rename or drop changes metadata only, the data files stay as they are.
+        session.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name')")
+    for old, new in renames:
+        session.sql(f"ALTER TABLE {ref} RENAME COLUMN {_q(old)} TO {_q(new)}")
+        current[new] = current.pop(old)
+        done.append(f"renamed {old} to {new}")
+    widen = [(c, t) for c, t in evo.widen if c in current and current[c] != t]
+    if widen and props.get("delta.enableTypeWidening") != "true":
+        session.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
+    for c, t in widen:
+        try:
+            session.sql(f"ALTER TABLE {ref} ALTER COLUMN {_q(c)} TYPE {t.simpleString()}")
+        except Exception as e:  # AnalysisException: a change Delta type widening does not support
+            raise MergeError(
+                f"{name}: column {c} changed type from {current[c].simpleString()} to {t.simpleString()}, which Delta "
+                f"type widening cannot apply ({str(e).splitlines()[0][:200]}); rebuild the table: `slotlake resync "
+                f"<source>`, or replay it into a new Delta table with `slotlake replay <source> --table {name} "
+                "--from <LSN of the change> --to <LSN> --dest <path>`") from None
+        done.append(f"widened {c} to {t.simpleString()}")
+    adds = [a for a in evo.adds if a.name not in current]
+    if adds:
+        session.sql(f"ALTER TABLE {ref} ADD COLUMNS (" + ", ".join(
+            f"{_q(a.name)} {a.dtype.simpleString()}" for a in adds) + ")")
+        done += [f"added {a.name}" for a in adds]
+    for a in evo.adds:
+        if a.existing_rows is not None:
+            i = plan.shape.columns.index(a.name)
+            value = typed_value(F.lit(a.existing_rows), plan.shape.type_oids[i], plan.shape.typmods[i])[0]
+            # A fresh handle: the one above predates the ALTERs and would not know the column.
+            DeltaTable.forPath(session, gold).update(F.col(_q(a.name)).isNull(), {_q(a.name): value.cast(a.dtype)})
+    for d in drops:
+        session.sql(f"ALTER TABLE {ref} DROP COLUMN {_q(d)}")
+        done.append(f"dropped {d}")
+    done += [f"kept dropped column {c} (NULL from now on)" for c in evo.dropped_kept]
+    for line in done:
+        log.info("%s: gold schema: %s", name, line)
+    return done
+
+
+def _typed_layouts(after: DataFrame, plan: TablePlan, evo: Evolution, layouts: list[Layout]) -> DataFrame:
+    """`typed_changes` over gold's columns: each change typed with its own layout, cast to gold's type, and a
+    column its layout lacks filled (the added column's existing-row value, else NULL). `new`/`old` are rewritten
+    in gold column order so the quarantine reads them by gold position."""
+    ncols = len(plan.shape.columns)
+    need_old = set(range(ncols)) if plan.strategy is KeyStrategy.FULL_ROW else set(plan.key_positions)
+    parts = []
+    for k, ((lsn, seq), shape) in enumerate(layouts):
+        seg = after.where((F.col("commit_lsn") > lsn) | ((F.col("commit_lsn") == lsn) & (F.col("seq") >= seq)))
+        if k + 1 < len(layouts):
+            (nl, ns), _ = layouts[k + 1]
+            seg = seg.where((F.col("commit_lsn") < nl) | ((F.col("commit_lsn") == nl) & (F.col("seq") < ns)))
+        cols: list[Column] = [F.col(c) for c in ("commit_lsn", "seq", "commit_ts", "xid", "op")]
+        for i, (p, fill, dtype) in enumerate(zip(evo.positions[k], evo.fills[k], evo.types)):
+            if p is None:
+                v = (F.lit(None).cast(dtype) if fill is None else
+                     typed_value(F.lit(fill), plan.shape.type_oids[i], plan.shape.typmods[i])[0].cast(dtype))
+                cols += [v.alias(f"__n{i}"), F.lit(None).cast("string").alias(f"__r{i}"), F.lit(False).alias(f"__u{i}")]
+                if i in need_old:
+                    cols.append(F.when(F.col("old").isNotNull(), v).alias(f"__o{i}"))
+                continue
+            oid, mod = shape.type_oids[p], shape.typmods[p]
+            value, reason = typed_value(F.col("new").getItem(p), oid, mod)
+            cols += [value.cast(dtype).alias(f"__n{i}"), reason.alias(f"__r{i}"),
+                     F.coalesce(F.array_contains(F.col("unchanged"), p), F.lit(False)).alias(f"__u{i}")]
+            if i in need_old:
+                cols.append(typed_value(F.col("old").getItem(p), oid, mod)[0].cast(dtype).alias(f"__o{i}"))
+
+        def raw(arr: str) -> Column:
+            return F.when(F.col(arr).isNull(), F.lit(None)).otherwise(F.array(*[
+                F.col(arr).getItem(p) if p is not None else F.lit(None).cast("string") for p in evo.positions[k]]))
+
+        parts.append(seg.select(*cols, raw("old").alias("old"), raw("new").alias("new")))
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out
+
+
+def _dropped_tables(spark: SparkSession, paths: LakePaths, end: Lsn) -> tuple[str, ...]:
+    """Tables the catalog marks dropped (their newest version closed by a DDL drop) at or before `end`."""
+    from slotlake.catalog import read_catalog
+
+    latest: dict[int, CatalogVersion] = {}
+    for v in read_catalog(spark, paths.catalog):
+        if v.rel_oid not in latest or v.version > latest[v.rel_oid].version:
+            latest[v.rel_oid] = v
+    return tuple(sorted(f"{v.schema_name}.{v.table_name} (dropped at {Lsn(v.valid_to_lsn)})"
+                        for v in latest.values() if v.valid_to_lsn is not None and v.valid_to_lsn <= int(end)))
 
 
 def _copy_snapshot(session: SparkSession, gold: str) -> CopySnapshot | None:
