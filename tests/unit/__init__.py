@@ -1,0 +1,1 @@
+"""Unit tests (pure logic). A package, so test file names may repeat tests/integration/."""
