@@ -36,6 +36,10 @@ _TYPED: dict[str, tuple[type, ...]] = {
 }
 
 
+def _typed(pg_type: str) -> bool:
+    return pg_type in _TYPED or (pg_type.startswith("_") and pg_type[1:] in _TYPED)
+
+
 def canonical(value: Any, pg_type: str) -> str | None:
     """One text form per value, equal on both sides exactly when the values are equal."""
     if value is None:
@@ -83,9 +87,14 @@ def pg_columns(conn: psycopg.Connection, table: str) -> list[tuple[str, str]]:
 
 
 def pg_rows(dsn: str, table: str) -> tuple[list[tuple[str, str]], list[tuple]]:
-    with psycopg.connect(dsn, options="-c TimeZone=UTC -c extra_float_digits=3") as conn:
+    with psycopg.connect(dsn, options="-c TimeZone=UTC -c extra_float_digits=3 -c IntervalStyle=iso_8601 "
+                                      "-c DateStyle=ISO") as conn:
         cols = pg_columns(conn, table)
-        select = ", ".join(f'"{c}"' if t in _TYPED else f'"{c}"::text' for c, t in cols)
+        # Typed where the PostgreSQL type has a natural Spark type (arrays of those too); otherwise the type's
+        # output function (format %s), which is exactly the text pgoutput sends.
+        # (format('%s', NULL) is '', so NULL stays NULL through a CASE)
+        select = ", ".join(f'"{c}"' if _typed(t) else f"CASE WHEN \"{c}\" IS NOT NULL THEN format('%s', \"{c}\") END"
+                           for c, t in cols)
         schema, _, name = table.partition(".")
         rows = conn.execute(f'SELECT {select} FROM "{schema}"."{name}"').fetchall()
     return cols, rows
@@ -113,11 +122,13 @@ def assert_gold_equals_pg(spark: Any | None, gold_path: str, dsn: str, table: st
     for row in got_rows:
         for c, t in cols:
             v = row[c]
-            if v is not None and t in _TYPED:
+            if v is not None and t.startswith("_") and _typed(t):
+                assert isinstance(v, list), f"{table}.{c}: PostgreSQL array {t} landed in gold as {type(v).__name__}"
+            elif v is not None and t in _TYPED:
                 assert isinstance(v, _TYPED[t]) and not (t != "bool" and isinstance(v, bool)), (
                     f"{table}.{c}: PostgreSQL type {t} landed in gold as {type(v).__name__} ({v!r})")
     want = collections.Counter(tuple(canonical(v, t) for v, (_, t) in zip(r, cols)) for r in want_rows)
-    got = collections.Counter(tuple(canonical(r[c], t) if t in _TYPED else (None if r[c] is None else str(r[c]))
+    got = collections.Counter(tuple(canonical(r[c], t) if _typed(t) else (None if r[c] is None else str(r[c]))
                                     for c, t in cols) for r in got_rows)
     if want != got:
         missing = list((want - got).elements())[:5]
