@@ -1,0 +1,175 @@
+"""Benchmark: end-to-end changes/s of one sync for a pgbench workload (about 1 M row changes by default).
+
+    .venv/bin/python bench/e2e.py                      # pgbench -i -s 1, then ~1 M row changes (tpcb-like)
+    .venv/bin/python bench/e2e.py --changes 200000     # a shorter run
+
+Starts a throw-away LocalPostgres, `pgbench -i` (pgbench_history gets REPLICA IDENTITY FULL: it has no key),
+a first `sync` (publication, slot, initial copy of the pgbench tables: timed, not counted), then the built-in
+tpcb-like script (`pgbench -t`, each transaction = 3 UPDATEs + 1 INSERT = 4 row changes), then one more sync with
+its stages timed separately, the same functions the CLI and the DAG run:
+  preflight + extract   in a spawned child, whose ru_maxrss is the extract's peak RSS
+  decode, merge         spark-submit apps (JVM start included: that is what a run costs)
+changes/s = row changes (silver rows written by this decode) / stage seconds; MB/s = the pgoutput bytes the extract
+archived / stage seconds (one base for every stage, so the figures compare). At the end gold is compared with
+PostgreSQL: the small tables row by row (tests/oracle.py), the big ones by count and column sums.
+The machine's load average is printed with the figures: on a shared machine, compare runs at similar load.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "plugins"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import psycopg  # noqa: E402
+
+from slotlake import delta_log  # noqa: E402
+from slotlake.config import load_config  # noqa: E402
+from slotlake.lake import LakePaths  # noqa: E402
+from slotlake.localpg import LocalPostgres, pg_bindir  # noqa: E402
+
+TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
+CHANGES_PER_TXN = 4  # tpcb-like: UPDATE accounts, tellers, branches; INSERT history
+
+
+def _config(lake: str, dsn: str):
+    """The Spark apps read the config from a file, so the bench writes one next to the lake."""
+    path = Path(lake).parent / "slotlake.yaml"
+    if not path.exists():
+        path.write_text(json.dumps({"lake": lake, "spark": {"master": "local[2]"},
+                                    "sources": {"bench": {"dsn": dsn, "tables": TABLES}}}))  # JSON is YAML
+    return load_config(str(path))
+
+
+def _child_extract(lake: str, dsn: str, out: mp.Queue) -> None:
+    from slotlake.pipeline import task_extract, task_preflight
+
+    logging.basicConfig(level=logging.INFO, format="  %(message)s")
+    cfg = _config(lake, dsn)
+    t0 = time.perf_counter()
+    task_preflight(cfg, "bench")
+    extracted = task_extract(cfg, "bench")
+    out.put({"seconds": time.perf_counter() - t0, "rows": extracted.get("rows"), "bytes": extracted.get("bytes"),
+             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+
+
+def preflight_and_extract(lake: str, dsn: str) -> dict:
+    ctx = mp.get_context("spawn")  # a fresh interpreter: ru_maxrss is this stage's own peak
+    out = ctx.Queue()
+    proc = ctx.Process(target=_child_extract, args=(lake, dsn, out))
+    proc.start()
+    result = out.get()
+    proc.join()
+    if proc.exitcode:
+        raise SystemExit(f"extract child failed with exit code {proc.exitcode}")
+    return result
+
+
+def pgbench(pg: LocalPostgres, *args: str) -> None:
+    cmd = [str(pg_bindir() / "pgbench"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", pg.user, *args, "bench"]
+    # LocalPostgres runs the server as the postgres OS user; pgbench connects over TCP like any client.
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def decoded_rows(paths: LakePaths, since_version: int) -> int:
+    return sum(c.metrics.get("numOutputRows", 0) for c in delta_log.commits(paths.changes) if c.version > since_version)
+
+
+def compare(spark, paths: LakePaths, dsn: str) -> list[str]:
+    from oracle import assert_gold_equals_pg
+
+    lines = []
+    for table in ("public.pgbench_branches", "public.pgbench_tellers"):
+        n = assert_gold_equals_pg(spark, paths.gold(*table.split(".")), dsn, table)
+        lines.append(f"{table}: {n} rows equal (oracle)")
+    sums = {"public.pgbench_accounts": "count(*), sum(aid), sum(bid), sum(abalance)",
+            "public.pgbench_history": "count(*), sum(tid), sum(bid), sum(aid), sum(delta), "
+                                      "sum((extract(epoch from mtime) * 1000000)::numeric)"}
+    with psycopg.connect(dsn) as conn:
+        for table, exprs in sums.items():
+            pg = tuple(int(v or 0) for v in conn.execute(f"SELECT {exprs} FROM {table}").fetchone())
+            # microseconds summed exactly on both sides (a bigint sum of 250k epochs would overflow)
+            spark_exprs = exprs.replace("sum((extract(epoch from mtime) * 1000000)::numeric)",
+                                        "sum(cast(unix_micros(cast(mtime as timestamp)) as decimal(38,0)))")
+            gold = spark.read.format("delta").load(paths.gold(*table.split("."))).selectExpr(
+                *spark_exprs.split(", ")).collect()[0]
+            gold = tuple(int(v or 0) for v in gold)
+            if gold != pg:
+                raise SystemExit(f"{table}: gold {gold} != PostgreSQL {pg}")
+            lines.append(f"{table}: {pg[0]} rows, count and column sums equal")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--changes", type=int, default=1_000_000, help="row changes to generate (default 1,000,000)")
+    ap.add_argument("--scale", type=int, default=1, help="pgbench -s (100,000 accounts per unit)")
+    ap.add_argument("--clients", type=int, default=4, help="pgbench -c")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    load_start = os.getloadavg()
+    txns = max(1, args.changes // CHANGES_PER_TXN // args.clients)
+    with tempfile.TemporaryDirectory(prefix="slotlake-bench-e2e-") as tmp, LocalPostgres() as pg:
+        pg.psql("CREATE DATABASE bench")
+        dsn = pg.dsn("bench")
+        t = time.perf_counter()
+        pgbench(pg, "-i", "-q", "-s", str(args.scale))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
+        init_s = time.perf_counter() - t
+        lake = str(Path(tmp) / "lake")
+        cfg = _config(lake, dsn)
+        paths = LakePaths.of(lake, "bench")
+        from slotlake.pipeline import sync, task_decode, task_merge
+
+        t = time.perf_counter()
+        sync(cfg, "bench")  # slot + initial copy of the pgbench_* tables
+        first_s = time.perf_counter() - t
+        t = time.perf_counter()
+        pgbench(pg, "-n", "-c", str(args.clients), "-j", str(min(args.clients, 2)), "-t", str(txns))
+        bench_s = time.perf_counter() - t
+        silver_before = next((c.version for c in delta_log.commits(paths.changes)), -1) \
+            if delta_log.is_delta_table(paths.changes) else -1
+
+        stages = {}
+        ext = preflight_and_extract(lake, dsn)
+        stages["preflight + extract"] = ext["seconds"]
+        t = time.perf_counter()
+        task_decode(cfg, "bench")
+        stages["decode (spark-submit)"] = time.perf_counter() - t
+        t = time.perf_counter()
+        task_merge(cfg, "bench")
+        stages["merge (spark-submit)"] = time.perf_counter() - t
+        load_end = os.getloadavg()
+        changes = decoded_rows(paths, silver_before)
+        mb = (ext["bytes"] or 0) / 1e6
+        print(f"\npgbench -i -s {args.scale}: {init_s:.1f}s; first sync (slot + initial copy): {first_s:.1f}s; "
+              f"pgbench {args.clients} clients x {txns} tpcb-like transactions: {bench_s:.1f}s")
+        print(f"row changes decoded: {changes:,}; pgoutput messages archived: {ext['rows']:,} ({mb:.1f} MB)")
+        print(f"{'stage':<24} {'s':>8} {'changes/s':>11} {'MB/s':>7}")
+        for name, s in [*stages.items(), ("total", sum(stages.values()))]:
+            print(f"{name:<24} {s:>8.1f} {changes / s:>11,.0f} {mb / s:>7.2f}")
+        print(f"extract peak RSS: {ext['max_rss_mb']:.0f} MB")
+        print("load average (1/5/15 min): start " + "/".join(f"{x:.1f}" for x in load_start)
+              + ", end " + "/".join(f"{x:.1f}" for x in load_end) + f" on {os.cpu_count()} CPUs", flush=True)
+
+        from slotlake.spark.session import get_spark
+
+        spark = get_spark("slotlake-bench-e2e", "local[2]", {"spark.sql.shuffle.partitions": "4"})
+        for line in compare(spark, paths, dsn):
+            print(f"gold == PostgreSQL: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
