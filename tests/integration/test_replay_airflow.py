@@ -131,7 +131,7 @@ def test_backfill_through_airflow_rebuilds_each_interval(spark, pg_db, tmp_path)
         run_airflow(env, "backfill", "create", "--dag-id", DAG_ID, "--from-date", b0.isoformat(),
                     "--to-date", (b0 + timedelta(minutes=2)).isoformat(), "--reprocess-behavior", "completed",
                     "--dag-run-conf", json.dumps({"dest": str(dest)}))
-        deadline = time.monotonic() + 900
+        deadline = time.monotonic() + 1800  # three spark-submits; ~3-6 min each on a loaded 2-core machine
         while True:
             backfill = [r for r in _runs(env) if r["run_id"].startswith("backfill__")]
             if len(backfill) == 3 and all(r["state"] in ("success", "failed") for r in backfill):
