@@ -48,7 +48,7 @@ from slotlake.config import Config, SourceConfig
 from slotlake.errors import PreflightError, SlotLostError, SnapshotError
 from slotlake.lsn import Lsn
 from slotlake.merge.visibility import CopySnapshot
-from slotlake.source.catalog_read import read_table_defs
+from slotlake.source.catalog_read import archive_bootstrap, read_table_defs
 from slotlake.source.connection import connect, connect_bulk, resolve_dsn, scrub, session_dsn
 from slotlake.source.ddl import TableDef
 from slotlake.source.slot import PLUGIN, SlotInfo, current_wal_lsn, slot_info
@@ -557,6 +557,8 @@ def create_slot_with_snapshot(cfg: Config, source: SourceConfig, *, reason: str 
             conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
             tables = source_tables(conn, source)
             _check_select(conn, source, tables)
+            # The table definitions in force at the consistent point, for the multi-version catalog.
+            archive_bootstrap(conn, root, tables, consistent)
             snap_text = conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]
             copies, pages = _plan_copies(conn, tables, copy_id=consistent.hex16, gen=gen, kind="exported",
                                          snapshot_text=snap_text, lsn_after=consistent)
