@@ -519,7 +519,8 @@ def _typed_layouts(after: DataFrame, plan: TablePlan, evo: Evolution, layouts: l
 
         def raw(arr: str) -> Column:
             return F.when(F.col(arr).isNull(), F.lit(None)).otherwise(F.array(*[
-                F.col(arr).getItem(p) if p is not None else F.lit(None).cast("string") for p in evo.positions[k]]))
+                # F.get: NULL past the end (an old tuple may hold only the key), where getItem fails under ANSI
+                F.get(F.col(arr), p) if p is not None else F.lit(None).cast("string") for p in evo.positions[k]]))
 
         parts.append(seg.select(*cols, raw("old").alias("old"), raw("new").alias("new")))
     out = parts[0]
