@@ -43,7 +43,9 @@ def assert_all_tables_equal(spark, lake: Path, dsn: str) -> dict[str, int]:
 @pytest.mark.integration
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.parametrize("delete_mode", ["hard", "soft"])
+# delete_mode hard runs the same workload through tests/integration/test_faults.py (with a crash in each stage and
+# the same oracle after every phase), so this test runs the soft mode only.
+@pytest.mark.parametrize("delete_mode", ["soft"])
 def test_every_type_and_merge_case_gold_equals_postgres(pg_db, tmp_path, spark, delete_mode):
     with psycopg.connect(pg_db) as conn:
         workload.create_schema(conn)
