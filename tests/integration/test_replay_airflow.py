@@ -123,14 +123,16 @@ def test_backfill_through_airflow_rebuilds_each_interval(spark, pg_db, tmp_path)
     migrate(env)
     run_airflow(env, "dags", "reserialize")
     run_airflow(env, "dags", "unpause", DAG_ID)  # queued runs of a paused DAG never start
+    dest = tmp_path / "dest"
+    # The backfill is created before the scheduler and API server start: with SQLite as the metadata DB a CLI write
+    # racing the scheduler's writes can fail with "database is locked" on a loaded machine.
+    run_airflow(env, "backfill", "create", "--dag-id", DAG_ID, "--from-date", b0.isoformat(),
+                "--to-date", (b0 + timedelta(minutes=2)).isoformat(), "--reprocess-behavior", "completed",
+                "--dag-run-conf", json.dumps({"dest": str(dest)}))
     log = open(home / "processes.log", "w")
     procs = [subprocess.Popen([airflow_bin(), *cmd], env=env, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True) for cmd in (["api-server", "--port", str(port)], ["scheduler"])]
-    dest = tmp_path / "dest"
     try:
-        run_airflow(env, "backfill", "create", "--dag-id", DAG_ID, "--from-date", b0.isoformat(),
-                    "--to-date", (b0 + timedelta(minutes=2)).isoformat(), "--reprocess-behavior", "completed",
-                    "--dag-run-conf", json.dumps({"dest": str(dest)}))
         deadline = time.monotonic() + 1800  # three spark-submits; ~3-6 min each on a loaded 2-core machine
         while True:
             backfill = [r for r in _runs(env) if r["run_id"].startswith("backfill__")]
