@@ -43,11 +43,8 @@ def assert_all_tables_equal(spark, lake: Path, dsn: str) -> dict[str, int]:
 @pytest.mark.integration
 @pytest.mark.spark
 @pytest.mark.slow
-# KNOWN BUG (open, issue 2): with delete_mode soft this workload ends with two live gold rows for orders 1004/1005
-# (keys reached by a key-changing update, then updated again in a later batch): 30 gold rows vs 28 in PostgreSQL.
-# The "soft" case is to be added back here with the fix; it is not hidden as a skip/xfail because CI counts those
-# as failures. Hard mode passes (here and in tests/integration/test_faults.py).
-@pytest.mark.parametrize("delete_mode", ["hard"])
+# Soft mode here; tests/integration/test_faults.py runs the same workload in hard mode (the default).
+@pytest.mark.parametrize("delete_mode", ["soft"])
 def test_every_type_and_merge_case_gold_equals_postgres(pg_db, tmp_path, spark, delete_mode):
     with psycopg.connect(pg_db) as conn:
         workload.create_schema(conn)

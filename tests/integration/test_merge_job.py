@@ -317,6 +317,28 @@ def test_soft_deletes_keep_the_last_state(spark, tmp_path):
         (5, "five", True, 700), (9, "tmp", True, 500)]
 
 
+def test_soft_delete_by_key_change_keeps_the_old_key_and_state(spark, tmp_path):
+    """A key change soft-deletes the row under its OLD key with the state it had there; a later update of the new
+    key must touch only the one live row (a bug once left the new key on the deleted row: two live copies)."""
+    lake = Lake(spark, tmp_path, delete_mode="soft")
+    lake.decode([DOCS.ins(100, 0, "4", "b4", "big"), DOCS.ins(100, 1, "5", "b5", "big5")], 150)
+    lake.merge()
+    lake.decode([DOCS.upd(200, 0, "4", "paid", "big", unchanged=(2,)),
+                 DOCS.upd(300, 0, "1004", "paid", "big", old=("4", "paid", "big"), unchanged=(2,)),
+                 DOCS.upd(300, 1, "1005", "b5", "big5", old=("5", "b5", "big5"), unchanged=(2,)),
+                 DOCS.upd(400, 0, "1004", "cancelled", "big", unchanged=(2,))], 450)
+    lake.merge()
+    assert lake.gold(DOCS, "_slotlake_deleted", "_slotlake_lsn") == sorted([
+        (4, "paid", "big", True, 300), (5, "b5", "big5", True, 300),
+        (1004, "cancelled", "big", False, 400), (1005, "b5", "big5", False, 300)], key=repr)
+    lake.decode([DOCS.upd(500, 0, "1004", "c2", "big", unchanged=(2,)),
+                 DOCS.upd(500, 1, "1005", "c2", "big5", unchanged=(2,))], 550)
+    lake.merge()
+    assert lake.gold(DOCS, "_slotlake_deleted", "_slotlake_lsn") == sorted([
+        (4, "paid", "big", True, 300), (5, "b5", "big5", True, 300),
+        (1004, "c2", "big", False, 500), (1005, "c2", "big5", False, 500)], key=repr)
+
+
 def test_soft_deletes_of_identical_rows_with_full_identity(spark, tmp_path):
     lake = Lake(spark, tmp_path, delete_mode="soft")
     t = Tbl("tags", (("tag", TEXT, -1, True),), ri="f")

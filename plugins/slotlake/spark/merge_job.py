@@ -674,18 +674,27 @@ def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -
             "rid", F.col("rid").alias("__id"), F.lit(0).alias("__sub"),
             *[F.struct(live[c].alias("v")).alias(f"__w{i}") for i, c in enumerate(shape.columns)])
         rows = rows.unionByName(seeds, allowMissingColumns=True)
-    lw = Window.partitionBy("rid").orderBy("__id", "__sub").rowsBetween(Window.unboundedPreceding, 0)
+    by_rid = Window.partitionBy("rid").orderBy("__id", "__sub")
+    lw = by_rid.rowsBetween(Window.unboundedPreceding, 0)
+    # Soft deletes keep the row under its old key as it was there: the lineage's state BEFORE the leaving change
+    # (for a key change that is not the new row, whose new key would otherwise land on the deleted row).
+    prior = ([F.last(f"__w{i}", ignorenulls=True).over(by_rid.rowsBetween(Window.unboundedPreceding, -1))
+              .alias(f"__p{i}") for i in range(ncols)] if plan.soft_delete else [])
     filled = rows.select("__id", "__sub", "op", "__ok", "__nk", "commit_lsn", "commit_ts",
-                         *[F.last(f"__w{i}", ignorenulls=True).over(lw).alias(f"__f{i}") for i in range(ncols)]
-                         ).where(F.col("__sub") == 1)
-    missing = F.array_compact(F.array(*[F.when(F.col(f"__f{i}").isNull(), F.lit(c))
-                                        for i, c in enumerate(shape.columns)]))
-    vals = [F.col(f"__f{i}.v").alias(f"__v{i}") for i in range(ncols)]
-    meta = [F.col("commit_lsn").alias("__lsn"), F.col("commit_ts").alias("__ts"), missing.alias("__missing")]
+                         *[F.last(f"__w{i}", ignorenulls=True).over(lw).alias(f"__f{i}") for i in range(ncols)],
+                         *prior).where(F.col("__sub") == 1)
+
+    def state(pre: str) -> list[Column]:
+        missing = F.array_compact(F.array(*[F.when(F.col(f"{pre}{i}").isNull(), F.lit(c))
+                                            for i, c in enumerate(shape.columns)]))
+        return ([F.col(f"{pre}{i}.v").alias(f"__v{i}") for i in range(ncols)]
+                + [F.col("commit_lsn").alias("__lsn"), F.col("commit_ts").alias("__ts"), missing.alias("__missing")])
+
     leaving = filled.where((F.col("op") == "D") | ((F.col("op") == "U") & ~F.col("__ok").eqNullSafe(F.col("__nk"))))
-    final = (leaving.select(F.col("__ok").alias("key"), "__id", F.lit("D").alias("__action"), *vals, *meta)
+    final = (leaving.select(F.col("__ok").alias("key"), "__id", F.lit("D").alias("__action"),
+                            *state("__p" if plan.soft_delete else "__f"))
              .unionByName(filled.where(F.col("op").isin("I", "U"))
-                          .select(F.col("__nk").alias("key"), "__id", F.lit("U").alias("__action"), *vals, *meta)))
+                          .select(F.col("__nk").alias("key"), "__id", F.lit("U").alias("__action"), *state("__f"))))
     final = (final.withColumn("__rn", F.row_number().over(Window.partitionBy("key").orderBy(F.col("__id").desc())))
              .where(F.col("__rn") == 1)).localCheckpoint()  # checked below, then merged: compute once
     gap = final.where((F.col("__action") == "U") & (F.size("__missing") > 0)).limit(1).collect()
