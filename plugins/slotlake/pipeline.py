@@ -2,7 +2,8 @@
 
 `sync()` runs the five steps in this process (the CLI). The Airflow DAG runs the same functions, one per task:
 `task_preflight`, `task_extract` and `task_report` as Python tasks, decode and merge as SparkSubmitOperators fed
-with the same `spark_app()` description that `task_decode`/`task_merge` run here. Every task returns a small
+with the same `spark_app()` description that `task_decode`/`task_merge` run here (`sync()` runs both job
+functions in one Spark application, `spark_apps/sync.py`, to start one JVM instead of two). Every task returns a small
 JSON-able dict (it becomes the task's XCom), never data.
 """
 from __future__ import annotations
@@ -202,10 +203,16 @@ def task_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) -> 
     return out
 
 
+def task_decode_and_merge(cfg: Config, source_name: str) -> None:
+    """Decode then merge in one Spark application (`spark_apps/sync.py`): the same two job functions as the DAG's
+    decode and merge tasks, one JVM start instead of two."""
+    run_spark_app(spark_app(cfg, source_name, "sync"))
+
+
 def sync(cfg: Config, source_name: str) -> SyncReport:
-    """Bring one source's lake up to date: the same steps, in the same order, as the sync DAG."""
+    """Bring one source's lake up to date: the same steps, in the same order, as the sync DAG (its decode and
+    merge tasks run here as one Spark application)."""
     task_preflight(cfg, source_name)
     extracted = task_extract(cfg, source_name)
-    task_decode(cfg, source_name)
-    task_merge(cfg, source_name)
+    task_decode_and_merge(cfg, source_name)
     return build_report(cfg, source_name, extracted)

@@ -100,6 +100,6 @@ def replay(cfg: Config, source: str, from_: str, to: str, tables: Sequence[str] 
 
     req = request(source, from_, to, tables, dest)
     cfg.source(source)
-    app = spark_app(cfg, source, "replay")  # type: ignore[arg-type]  # spark_apps/replay.py
+    app = spark_app(cfg, source, "replay")  # spark_apps/replay.py
     run_spark_app(dataclasses.replace(app, args=(*app.args, *req.args())))
     return req

@@ -131,3 +131,27 @@ def test_cli_parser_knows_every_command_and_requires_a_source():
 
 def test_one_line_collapses_multiline_messages():
     assert one_line(ValueError("first\n  second\tthird ")) == "first second third"
+
+
+def test_every_stage_has_an_app_file_and_an_entry():
+    import typing
+
+    from slotlake.spark.apps import APPS
+    from slotlake.spark.submit import Stage
+
+    stages = set(typing.get_args(Stage))
+    assert stages == set(APPS)
+    for stage in stages:
+        text = (ROOT / "spark_apps" / f"{stage}.py").read_text()
+        assert f'main("{stage}")' in text
+
+
+def test_app_with_a_bad_config_says_why_in_one_line_and_exits_1(tmp_path, capsys):
+    from slotlake.spark.apps import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("lake: /tmp/x\nsources: {shop: {dsn: 'postgresql://u@h/db', delete_mode: sometimes}}\n")
+    assert main("merge", ["--config", str(bad), "--source", "shop"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("slotlake merge shop: ") and "delete_mode" in err[0]
+    assert failure_line(["noise", err[0]]) == err[0]

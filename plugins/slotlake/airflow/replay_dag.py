@@ -30,7 +30,7 @@ def build_replay_dag(cfg: Config, source_name: str) -> DAG:
     from slotlake.spark.submit import spark_app
 
     source = cfg.source(source_name)
-    app = spark_app(cfg, source_name, "replay")  # type: ignore[arg-type]  # spark_apps/replay.py
+    app = spark_app(cfg, source_name, "replay")  # spark_apps/replay.py
     app = dataclasses.replace(app, args=(
         *app.args, "--from", INTERVAL_START, "--to", INTERVAL_END,
         "--tables", "{{ (params.tables or []) | join(',') }}", "--dest", DEST))

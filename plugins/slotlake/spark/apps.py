@@ -1,0 +1,125 @@
+"""The entry points of the Spark apps in `spark_apps/`: one `main(stage)` for all of them.
+
+Every app takes `--config F --source S` (plus its own arguments), loads the config, starts the Delta-enabled
+SparkSession, runs one job function, prints its summary, and turns a SlotlakeError into one line on stderr and
+exit code 1 (`slotlake.spark.submit.failure_line` picks that line out of the app's output).
+
+    decode    bronze -> silver/changes + _catalog + _ddl_log         (slotlake.spark.decode_job.run_decode)
+    merge     silver/changes -> gold, by replica identity            (slotlake.spark.merge_job.run_merge)
+    sync      decode then merge in ONE Spark application (the CLI's `slotlake sync`: one JVM start, not two)
+    snapshot  complete initial copies in bronze/snapshot -> gold     (slotlake.spark.snapshot_job.load_snapshots)
+    replay    re-decode an archived range and rebuild tables         (slotlake.spark.replay_job.run_replay)
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+Runner = Callable[["object", "object", argparse.Namespace], list[str]]  # (spark, cfg, args) -> lines to print
+
+
+@dataclass(frozen=True)
+class AppSpec:
+    description: str
+    add_args: Callable[[argparse.ArgumentParser], None]
+    run: Runner
+
+
+def _no_args(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _tables_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tables", default="", help="comma-separated schema.table list (default: every table)")
+
+
+def _replay_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="from_", required=True, help="LSN (16/B374D848) or ISO timestamp (UTC)")
+    parser.add_argument("--to", required=True, help="LSN or ISO timestamp (UTC)")
+    _tables_arg(parser)
+    parser.add_argument("--dest", default="", help="write <dest>/<schema>/<table> instead of rebuilding in place")
+
+
+def _decode(spark, cfg, args) -> list[str]:
+    from slotlake.spark.decode_job import run_decode
+
+    r = run_decode(spark, cfg, args.source)
+    return ([f"decoded {r.files_decoded} bronze files, {r.changes_written} changes, {r.catalog_versions_added} new "
+             f"catalog versions, {r.ddl_events} DDL events; silver at {r.end_lsn}"]
+            + [f"warning: {w}" for w in r.warnings])
+
+
+def _merge(spark, cfg, args) -> list[str]:
+    from slotlake.merge.plan import parse_tables
+    from slotlake.spark.merge_job import run_merge
+
+    return [run_merge(spark, cfg, args.source, parse_tables(getattr(args, "tables", ""))).summary()]
+
+
+def _sync(spark, cfg, args) -> list[str]:
+    return _decode(spark, cfg, args) + _merge(spark, cfg, args)
+
+
+def _snapshot(spark, cfg, args) -> list[str]:
+    from slotlake.spark.snapshot_job import load_snapshots
+
+    tables = [t.strip() for t in args.tables.split(",") if t.strip()] or None
+    done = [x for x in load_snapshots(spark, cfg, args.source, tables) if x.gold_version is not None]
+    return [f"snapshot load {args.source}: {len(done)} table(s) loaded, {sum(x.rows for x in done)} rows"
+            + "".join(f"; {x.table}: {x.rows} rows -> gold version {x.gold_version}" for x in done)]
+
+
+def _replay(spark, cfg, args) -> list[str]:
+    from slotlake.replay import request
+    from slotlake.spark.replay_job import run_replay
+
+    tables = [t for t in args.tables.split(",") if t.strip()] or None
+    result = run_replay(spark, cfg, request(args.source, args.from_, args.to, tables, args.dest or None))
+    return [result.summary()] + [
+        f"  {t.schema_name}.{t.table_name}: {t.rows} rows from base {t.base_lsn} (gold version {t.base_version}) "
+        f"-> {t.target}" for t in result.tables]
+
+
+APPS: dict[str, AppSpec] = {
+    "decode": AppSpec("decode bronze -> silver/changes + _catalog", _no_args, _decode),
+    "merge": AppSpec("silver/changes -> gold, by replica identity", _tables_arg, _merge),
+    "sync": AppSpec("decode bronze -> silver, then merge silver -> gold, in one Spark application", _no_args, _sync),
+    "snapshot": AppSpec("bronze/snapshot copies -> gold", _tables_arg, _snapshot),
+    "replay": AppSpec("re-decode an archived range and rebuild tables", _replay_args, _replay),
+}
+
+
+def main(stage: str, argv: list[str] | None = None) -> int:
+    """Run the `stage` app with `argv` (default: sys.argv[1:]); returns the process exit code."""
+    # Python workers must run this interpreter (it has pyarrow and slotlake), not whatever python3 is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spec = APPS[stage]
+    parser = argparse.ArgumentParser(prog=f"{stage}.py", description=spec.description)
+    parser.add_argument("--config", default=None, help="slotlake YAML (default: $SLOTLAKE_CONFIG)")
+    parser.add_argument("--source", required=True)
+    spec.add_args(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from slotlake.config import load_config
+    from slotlake.errors import SlotlakeError
+    from slotlake.spark.session import get_spark
+
+    try:
+        cfg = load_config(args.config)
+        cfg.source(args.source)  # unknown source: the error names the known ones
+        spark = get_spark(f"slotlake-{stage}-{args.source}", cfg.spark.master, cfg.spark.conf)
+        try:
+            lines = spec.run(spark, cfg, args)
+        finally:
+            spark.stop()
+    except SlotlakeError as e:
+        print(f"slotlake {stage} {args.source}: {e}", file=sys.stderr)
+        return 1
+    for line in lines:
+        print(line)
+    return 0

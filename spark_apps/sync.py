@@ -1,0 +1,16 @@
+"""Spark app `sync` (see slotlake.spark.apps for what each app does).
+
+    spark-submit spark_apps/sync.py --config F --source S
+
+Prints the run summary; exits non-zero with one line on failure.
+"""
+import os
+import sys
+
+# spark-submit does not install the package: put plugins/ on the path (the same place Airflow uses).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins"))
+
+from slotlake.spark.apps import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main("sync"))
