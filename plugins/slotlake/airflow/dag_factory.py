@@ -63,20 +63,32 @@ def _start_date(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=timezone.utc)
 
 
+def source_dag_kwargs(cfg: Config, source_name: str, **extra: Any) -> dict[str, Any]:
+    """The `DAG(...)` arguments every per-source DAG shares: the source's cron schedule as data intervals in UTC,
+    its start date, no catch-up, one active run at a time, no task retries (every stage is idempotent; the next
+    run is the retry), the slotlake tags. `extra` adds or overrides (dag_id, description, more tags, ...)."""
+    source = cfg.source(source_name)
+    tags = ["slotlake", f"source:{source_name}", *extra.pop("extra_tags", ())]
+    default_args = {"retries": 0, **extra.pop("default_args", {})}
+    return {
+        "schedule": CronDataIntervalTimetable(source.schedule, timezone="UTC"),
+        "start_date": _start_date(source.start_date),
+        "catchup": False,
+        "max_active_runs": 1,
+        "tags": tags,
+        "default_args": default_args,
+        **extra,
+    }
+
+
 def build_sync_dag(cfg: Config, source_name: str) -> DAG:
     source = cfg.source(source_name)
     conn_id = spark_conn_id(cfg)
-    with DAG(
-        dag_id=f"slotlake_sync__{source_name}",
+    with DAG(**source_dag_kwargs(
+        cfg, source_name, dag_id=f"slotlake_sync__{source_name}",
         description=f"Sync PostgreSQL source {source_name} into the Delta lake (slot {source.slot})",
-        schedule=CronDataIntervalTimetable(source.schedule, timezone="UTC"),
-        start_date=_start_date(source.start_date),
-        catchup=False,
-        max_active_runs=1,
-        tags=["slotlake", f"source:{source_name}"],
-        default_args={"retries": 0},  # every stage is idempotent; the next scheduled run is the retry
         doc_md=__doc__,
-    ) as dag:
+    )) as dag:
 
         @task(task_id="preflight")
         def preflight() -> dict[str, Any]:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from airflow.exceptions import AirflowSkipException
-from airflow.sdk import DAG, CronDataIntervalTimetable, Param, task
+from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk import DAG, Param, task
 
 from slotlake.config import Config
 
@@ -26,23 +26,18 @@ DEST = ("{{ (params.dest.rstrip('/') ~ '/' ~ data_interval_end.strftime('%Y%m%dT
 
 
 def build_replay_dag(cfg: Config, source_name: str) -> DAG:
-    from slotlake.airflow.dag_factory import _start_date, spark_conn_id, spark_submit_task
+    from slotlake.airflow.dag_factory import source_dag_kwargs, spark_conn_id, spark_submit_task
     from slotlake.spark.submit import spark_app
 
-    source = cfg.source(source_name)
     app = spark_app(cfg, source_name, "replay")  # spark_apps/replay.py
     app = dataclasses.replace(app, args=(
         *app.args, "--from", INTERVAL_START, "--to", INTERVAL_END,
         "--tables", "{{ (params.tables or []) | join(',') }}", "--dest", DEST))
-    with DAG(
-        dag_id=f"slotlake_replay__{source_name}",
+    with DAG(**source_dag_kwargs(
+        cfg, source_name, dag_id=f"slotlake_replay__{source_name}",
         description=f"Re-derive source {source_name}'s lake for each data interval from the archived changes",
-        schedule=CronDataIntervalTimetable(source.schedule, timezone="UTC"),
-        start_date=_start_date(source.start_date),
-        catchup=False,
-        max_active_runs=1,
-        tags=["slotlake", f"source:{source_name}", "replay"],
-        default_args={"retries": 0, "depends_on_past": True},
+        extra_tags=["replay"],
+        default_args={"depends_on_past": True},
         params={
             "tables": Param([], type="array", items={"type": "string"},
                             description="schema.table names to rebuild; empty: every table of the source"),
@@ -52,7 +47,7 @@ def build_replay_dag(cfg: Config, source_name: str) -> DAG:
                                       "instead of rebuilding the lake in place"),
         },
         doc_md=__doc__,
-    ) as dag:
+    )) as dag:
         @task(task_id="gate")
         def gate(dag_run=None) -> None:
             # An in-place replay of every hour as it passes would only repeat the sync: backfills and manual runs.
