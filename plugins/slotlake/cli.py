@@ -63,8 +63,10 @@ def source_status(cfg: Config, source_name: str) -> dict[str, Any]:
     paths = LakePaths.of(cfg.lake, source_name)
     tables = [] if delta_log.readable(paths.root) else runs_status(cfg, paths.runs)
     for schema, table in delta_log.gold_tables(paths.root) if delta_log.readable(paths.root) else ():
-        last = delta_log.latest_slotlake_commit(paths.gold(schema, table), "merge")
+        # The newest watermarked commit: a merge, or the initial copy's load (applied up to its consistent point).
+        last = delta_log.latest_slotlake_commit(paths.gold(schema, table))
         tables.append({"table": f"{schema}.{table}", "applied_lsn": last.end_lsn if last else None,
+                       "applied_by": last.stage if last else None,
                        "gold_version": last.version if last else None,
                        "committed_at": last.timestamp.isoformat() if last else None})
     return {"source": source_name, "slot": plain(slot_status(source)), "lake": paths.root, "tables": tables}
@@ -107,7 +109,8 @@ def run_status(cfg: Config, args: argparse.Namespace) -> int:
     if not st["tables"]:
         print("  no gold tables yet (run `slotlake sync` first)")
     for t in st["tables"]:
-        print(f"  gold {t['table']}: applied LSN {t['applied_lsn']}, version {t['gold_version']}, "
+        by = f" ({t['applied_by']})" if t.get("applied_by") else ""
+        print(f"  gold {t['table']}: applied LSN {t['applied_lsn']}{by}, version {t['gold_version']}, "
               f"committed {t['committed_at']}")
     return 0
 

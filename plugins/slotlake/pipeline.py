@@ -148,7 +148,7 @@ def _table_merge(path: str, table: str, since: int) -> TableMerge:
             deleted += m.get("numDeletedRows", 0)
         else:  # WRITE / CREATE TABLE AS SELECT / REPLACE: rows written
             inserted += m.get("numOutputRows", 0)
-    last = delta_log.latest_slotlake_commit(path, "merge")
+    last = delta_log.latest_slotlake_commit(path)  # a merge, or the load of the initial copy
     return TableMerge(table=table, applied_lsn=last.end_lsn if last else None,
                       gold_version=last.version if last else None,
                       inserted=inserted, updated=updated, deleted=deleted)

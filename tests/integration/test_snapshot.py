@@ -152,6 +152,13 @@ def test_first_sync_copies_under_the_slot_snapshot_with_a_concurrent_writer(pg_d
     from slotlake.spark.merge_job import run_merge
 
     assert snap.ensure_snapshots(cfg, src).copies == ()  # everything was copied with the slot
+    # Loaded but not merged yet: `status` shows each table applied up to the copy's consistent point - 1.
+    from slotlake.cli import source_status
+    from slotlake.spark.snapshot_job import load_snapshots
+
+    load_snapshots(spark, cfg, SRC)
+    assert {t["table"]: (t["applied_lsn"], t["applied_by"]) for t in source_status(cfg, SRC)["tables"]} == {
+        t: (str(gen.watermark), "snapshot") for t in TABLES}
     extract(cfg, src)
     run_decode(spark, cfg, SRC)
     run_merge(spark, cfg, SRC)
