@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -155,3 +156,23 @@ def test_app_with_a_bad_config_says_why_in_one_line_and_exits_1(tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("slotlake merge shop: ") and "delete_mode" in err[0]
     assert failure_line(["noise", err[0]]) == err[0]
+
+
+@pytest.mark.parametrize("master,cores", [("local", 1), ("local[2]", 2), ("local[3,2]", 3), ("local[*]", os.cpu_count()),
+                                          ("spark://m:7077", None), ("yarn", None), ("k8s://https://k:443", None)])
+def test_local_cores(master, cores):
+    from slotlake.spark.session import local_cores
+
+    assert local_cores(master) == cores
+
+
+def test_partitions_follow_local_cores_and_the_user_overrides(tmp_path, monkeypatch):
+    from slotlake.spark.session import spark_conf
+
+    (tmp_path / "delta-spark_2.13-4.4.0.jar").write_text("")
+    monkeypatch.setenv("SLOTLAKE_JARS_DIR", str(tmp_path))
+    local = spark_conf("local[2]")
+    assert local["spark.sql.shuffle.partitions"] == local["spark.databricks.delta.snapshotPartitions"] == "2"
+    cluster = spark_conf("spark://m:7077")
+    assert "spark.sql.shuffle.partitions" not in cluster and "spark.databricks.delta.snapshotPartitions" not in cluster
+    assert spark_conf("local[2]", {"spark.sql.shuffle.partitions": "64"})["spark.sql.shuffle.partitions"] == "64"
