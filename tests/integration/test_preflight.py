@@ -193,3 +193,21 @@ def test_conn_id_resolves_through_airflow(pg_db, tmp_path, monkeypatch):
                                                                     "tables": ["public.orders"]}}})
     assert resolve_dsn(cfg.source("shop")).endswith(pg_db.split("://", 1)[1])
     assert run_preflight(cfg, cfg.source("shop")).slot_created
+
+
+def test_partitioned_table_is_published_under_its_own_name(pg_db, tmp_path):
+    _run(pg_db,
+         "CREATE TABLE m (city int, day date, t real, PRIMARY KEY (city, day)) PARTITION BY RANGE (day)",
+         "CREATE TABLE m_2024 PARTITION OF m FOR VALUES FROM ('2024-01-01') TO ('2025-01-01')",
+         "CREATE PUBLICATION by_leaf FOR TABLE m")
+    leaf = _config(tmp_path, pg_db, ["public.m"], publication="by_leaf", slot="s_leaf")
+    with pytest.raises(PreflightError, match=r"public\.m is partitioned.*ALTER PUBLICATION \"?by_leaf\"? SET "
+                                             r"\(publish_via_partition_root = true\)"):
+        run_preflight(leaf, leaf.source("shop"))
+    assert _rows(pg_db, "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 's_leaf'") == [(0,)]
+
+    cfg = _config(tmp_path / "own", pg_db, ["public.m"])
+    report = run_preflight(cfg, cfg.source("shop"))
+    assert [(t.name, t.key_columns) for t in report.tables] == [("public.m", ("city", "day"))]
+    assert _rows(pg_db, "SELECT pubviaroot FROM pg_publication WHERE pubname = 'slotlake_shop'") == [(True,)]
+    assert _rows(pg_db, "SELECT tablename FROM pg_publication_tables WHERE pubname = 'slotlake_shop'") == [("m",)]

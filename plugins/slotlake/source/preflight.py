@@ -88,7 +88,12 @@ def _publication(conn: psycopg.Connection, name: str) -> tuple[bool, list[str]] 
         return None
     tables = [f"{s}.{t}" for s, t in conn.execute(
         "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2", (name,))]
-    return row[0], tables
+    # A partitioned table added directly is listed above by its partitions unless publish_via_partition_root.
+    members = [f"{s}.{t}" for s, t in conn.execute(
+        "SELECT n.nspname, c.relname FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
+        "JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE p.pubname = %s ORDER BY 1, 2", (name,))]
+    return row[0], tables + [m for m in members if m not in tables]
 
 
 def _table_info(conn: psycopg.Connection, source: SourceConfig, name: str, user: str) -> TableInfo:
@@ -132,7 +137,9 @@ def _ensure_publication(conn: psycopg.Connection, source: SourceConfig) -> tuple
             raise PreflightError(f"source {source.name}: publication {pub} does not exist and no tables are "
                                  f"configured; set sources.{source.name}.tables (slotlake then creates the "
                                  f"publication) or set sources.{source.name}.publication to an existing one")
-        stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+        # Changes of a partitioned table's partitions are published as changes of the table itself (its name,
+        # its columns), so its gold table is the one the config names.
+        stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)").format(
             sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in source.tables))
         try:
             conn.execute(stmt)
@@ -161,6 +168,25 @@ def _ensure_publication(conn: psycopg.Connection, source: SourceConfig) -> tuple
         warnings.append(f"added {', '.join(missing)} to publication {pub}: changes are captured from now on; "
                         "rows that existed before are copied by the snapshot step")
     return list(source.tables), False, missing, warnings
+
+
+def _check_partition_root(conn: psycopg.Connection, source: SourceConfig, tables: list[str]) -> None:
+    """A partitioned table must be published under its own name (publish_via_partition_root), else its changes
+    arrive as changes of each partition and the table named in the config would never see them."""
+    via_root = conn.execute("SELECT pubviaroot FROM pg_publication WHERE pubname = %s",
+                            (source.publication,)).fetchone()
+    if via_root is None or via_root[0]:
+        return
+    partitioned = [t for t in tables if conn.execute(
+        "SELECT c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = %s AND c.relname = %s", _split(t)).fetchone() == (True,)]
+    if partitioned:
+        stmt = sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
+            sql.Identifier(source.publication)).as_string(conn)
+        raise PreflightError(
+            f"source {source.name}: {', '.join(partitioned)} is partitioned, but publication {source.publication} "
+            f"publishes its changes under each partition's name, so they would never reach the table's gold table; "
+            f"run: {stmt}")
 
 
 def _check_slot(conn: psycopg.Connection, cfg: Config, source: SourceConfig) -> tuple[SlotInfo, bool]:
@@ -209,6 +235,7 @@ def run_preflight(cfg: Config, source: SourceConfig) -> PreflightReport:
             for t in source.tables:  # fail on a missing table before touching the publication
                 _table_info(conn, source, t, user)
         tables, pub_created, added, warnings = _ensure_publication(conn, source)
+        _check_partition_root(conn, source, tables)
         infos = tuple(_table_info(conn, source, t, user) for t in tables)
         for t in infos:
             if t.replica_identity == "n":
