@@ -42,6 +42,14 @@ class ExtractSettings:
 
 
 @dataclass(frozen=True)
+class SnapshotSettings:
+    """The initial copy: parallel connections, and the heap blocks per part (a ctid range copied as one file)."""
+
+    workers: int = 2
+    part_pages: int = 16_384  # 128 MB of heap at 8 kB blocks
+
+
+@dataclass(frozen=True)
 class SparkSettings:
     master: str = "local[*]"
     conf: Mapping[str, str] = field(default_factory=dict)
@@ -75,6 +83,7 @@ class Config:
     extract: ExtractSettings
     sources: Mapping[str, SourceConfig]
     path: str | None = None
+    snapshot: SnapshotSettings = SnapshotSettings()
 
     def source(self, name: str) -> SourceConfig:
         try:
@@ -84,9 +93,10 @@ class Config:
             raise ConfigError(f"unknown source {name!r}: the config defines {known}") from None
 
 
-_TOP_KEYS = {"lake", "spark", "sources", "extract"}
+_TOP_KEYS = {"lake", "spark", "sources", "extract", "snapshot"}
 _SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit"}
 _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_mb"}
+_SNAPSHOT_KEYS = {"workers", "part_pages"}
 _SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
                 "start_date", "on_bad_value", "on_drop_column"}
 
@@ -206,6 +216,11 @@ def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = No
         raise ConfigError("extract: must be a mapping")
     _unknown(set(ex_raw), _EXTRACT_KEYS, "extract")
     extract = ExtractSettings(**{k: _positive_int(v, f"extract.{k}") for k, v in ex_raw.items()})
+    snap_raw = raw.get("snapshot") or {}
+    if not isinstance(snap_raw, Mapping):
+        raise ConfigError("snapshot: must be a mapping (workers, part_pages)")
+    _unknown(set(snap_raw), _SNAPSHOT_KEYS, "snapshot")
+    snapshot = SnapshotSettings(**{k: _positive_int(v, f"snapshot.{k}") for k, v in snap_raw.items()})
     sources_raw = raw.get("sources")
     if not isinstance(sources_raw, Mapping) or not sources_raw:
         raise ConfigError("sources: required, a mapping of source name to its settings (dsn, tables, ...)")
@@ -213,7 +228,7 @@ def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = No
     slots = [s.slot for s in sources.values()]
     if len(set(slots)) != len(slots):
         raise ConfigError("sources: two sources use the same slot; each source needs its own slot")
-    return Config(lake=lake, spark=spark, extract=extract, sources=sources, path=path)
+    return Config(lake=lake, spark=spark, extract=extract, sources=sources, path=path, snapshot=snapshot)
 
 
 def load_config(path: str | None = None) -> Config:

@@ -73,11 +73,13 @@ def test_good_config_and_defaults(tmp_path):
         ("sources.shop.tabels", ["public.a"], "sources.shop.tabels: unknown key; did you mean 'tables'"),
         ("sources.crm.slot", "slotlake_shop", "two sources use the same slot"),
         ("extract", {"upto_nchanges": 0}, "extract.upto_nchanges: must be a positive integer"),
+        ("snapshot", {"workers": -1}, "snapshot.workers: must be a positive integer"),
+        ("snapshot", {"parts": 4}, "snapshot.parts: unknown key; did you mean 'part_pages'"),
     ],
     ids=["no-lake", "unknown-top-key", "misspelt-spark-key", "spark-conf-list", "no-sources", "bad-dsn-scheme",
          "dsn-and-conn-id", "bad-slot-name", "table-without-schema", "empty-tables", "duplicate-table",
          "bad-schedule", "bad-delete-mode", "history-not-bool", "bad-on-bad-value", "misspelt-source-key",
-         "shared-slot", "zero-upto-nchanges"],
+         "shared-slot", "zero-upto-nchanges", "negative-snapshot-workers", "misspelt-snapshot-key"],
 )
 def test_bad_config_names_the_key(path, value, fragment):
     with pytest.raises(ConfigError) as err:
@@ -116,3 +118,9 @@ def test_load_config_file_errors_name_the_file(tmp_path, monkeypatch):
     good.write_text("lake: ./l\nsources: {shop: {dsn: 'postgresql://u@h/db'}}\n")
     monkeypatch.setenv("SLOTLAKE_CONFIG", str(good))
     assert load_config().lake == str(tmp_path / "l")
+
+
+def test_snapshot_settings_default_and_set():
+    assert parse_config(with_change("extract", {})).snapshot.workers == 2
+    cfg = parse_config(with_change("snapshot", {"workers": 4, "part_pages": 1024}))
+    assert (cfg.snapshot.workers, cfg.snapshot.part_pages) == (4, 1024)

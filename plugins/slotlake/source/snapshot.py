@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from psycopg import sql
 
 from slotlake import bronze
-from slotlake.config import Config, SourceConfig
+from slotlake.config import Config, SnapshotSettings, SourceConfig
 from slotlake.errors import PreflightError, SlotLostError, SnapshotError
 from slotlake.lsn import Lsn
 from slotlake.merge.visibility import CopySnapshot
@@ -57,9 +57,9 @@ log = logging.getLogger(__name__)
 
 FAILPOINT_ENV = "SLOTLAKE_FAILPOINT"
 FAILPOINT_AFTER_PARTS = "snapshot_after_parts:"
-# Until the config has a `snapshot:` section, these two can be set in the environment (tests use small parts).
-DEFAULT_WORKERS = int(os.environ.get("SLOTLAKE_SNAPSHOT_WORKERS", "2"))
-DEFAULT_PART_PAGES = int(os.environ.get("SLOTLAKE_SNAPSHOT_PART_PAGES", "16384"))  # 128 MB of heap at 8 kB blocks
+# The config's `snapshot:` section sets these; the environment overrides it (tests use tiny parts).
+WORKERS_ENV = "SLOTLAKE_SNAPSHOT_WORKERS"
+PART_PAGES_ENV = "SLOTLAKE_SNAPSHOT_PART_PAGES"
 MANIFEST = "manifest.json"
 GENERATIONS = "_generations"
 BARRIER_TIMEOUT_S = 600.0
@@ -357,12 +357,19 @@ def _open_in_snapshot(source: SourceConfig, snapshot_name: str):
     return bulk
 
 
+def _sizes(cfg: Config, workers: int | None, part_pages: int | None) -> dict[str, int]:
+    """Connections and part size: the caller's, else the environment's (tests), else the config's."""
+    return {"workers": workers or int(os.environ.get(WORKERS_ENV, cfg.snapshot.workers)),
+            "part_pages": part_pages or int(os.environ.get(PART_PAGES_ENV, cfg.snapshot.part_pages))}
+
+
 def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], snapshot_name: str, pages: dict[str, int],
                 *, workers: int | None = None, part_pages: int | None = None) -> list[TableCopyResult]:
     """Copy `copies` (manifests planned by the caller) under the exported snapshot `snapshot_name`, on `workers`
     connections. The snapshot must stay exported (its transaction or replication connection open) meanwhile."""
-    workers = workers or int(os.environ.get("SLOTLAKE_SNAPSHOT_WORKERS", DEFAULT_WORKERS))
-    part_pages = part_pages or int(os.environ.get("SLOTLAKE_SNAPSHOT_PART_PAGES", DEFAULT_PART_PAGES))
+    defaults = SnapshotSettings()
+    workers = workers or int(os.environ.get(WORKERS_ENV, defaults.workers))
+    part_pages = part_pages or int(os.environ.get(PART_PAGES_ENV, defaults.part_pages))
     work: queue.Queue[_Part | None] = queue.Queue()
     progress: dict[str, _Progress] = {}
     t0 = time.monotonic()
@@ -562,7 +569,7 @@ def create_slot_with_snapshot(cfg: Config, source: SourceConfig, *, reason: str 
             snap_text = conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]
             copies, pages = _plan_copies(conn, tables, copy_id=consistent.hex16, gen=gen, kind="exported",
                                          snapshot_text=snap_text, lsn_after=consistent)
-            results = copy_tables(root, source, copies, snapshot_name, pages, workers=workers, part_pages=part_pages)
+            results = copy_tables(root, source, copies, snapshot_name, pages, **_sizes(cfg, workers, part_pages))
             conn.rollback()
     report = SnapshotReport(source=source.name, generation=consistent, slot_created=True, copies=tuple(results))
     log.info("%s", report.summary())
@@ -603,7 +610,7 @@ def copy_tables_now(cfg: Config, source: SourceConfig, tables: list[str], gen: G
                                      snapshot_text=snap_text, lsn_after=lsn_after)
         log.info("snapshot %s: copying %s under snapshot %s (WAL %s), joined to slot generation %s",
                  source.name, ", ".join(tables), snap_text, lsn_after, gen.consistent_point)
-        results = copy_tables(root, source, copies, snapshot_name, pages, workers=workers, part_pages=part_pages)
+        results = copy_tables(root, source, copies, snapshot_name, pages, **_sizes(cfg, workers, part_pages))
         conn.rollback()
     return results
 

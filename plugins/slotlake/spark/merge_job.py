@@ -32,7 +32,7 @@ from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import (COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, TXN_APP_ID, TXN_VERSION, USER_METADATA,
-                                 KeyStrategy, TablePlan, TableShape, latest_watermark, merge_commit_conf, plan_table,
+                                 KeyStrategy, TablePlan, TableShape, merge_commit_conf, plan_table,
                                  schema_mismatch, watermark_of)
 from slotlake.merge.evolution import ColumnHistoryEvent, Evolution, column_events, plan_evolution
 from slotlake.merge.visibility import CopySnapshot, not_seen_by_copy
@@ -52,6 +52,7 @@ RUNS_SCHEMA = StructType([
     StructField("finished_at", TimestampType()),
 ])
 _MAX_LINEAGE_ROUNDS = 64
+_RECENT_COMMITS = 20
 TEXT_OID = 25
 
 
@@ -114,6 +115,7 @@ class DeltaState:
 
     version: int | None  # None: no Delta table at the path
     watermark: Lsn | None
+    marked_version: int | None = None  # the version of the newest commit with a watermark
 
 
 def delta_state(spark: SparkSession, path: str) -> DeltaState:
@@ -122,9 +124,17 @@ def delta_state(spark: SparkSession, path: str) -> DeltaState:
 
     if not DeltaTable.isDeltaTable(spark, path):
         return DeltaState(None, None)
-    rows = DeltaTable.forPath(spark, path).history().select("version", "userMetadata").collect()
-    return DeltaState(max(r["version"] for r in rows),
-                      latest_watermark([(r["version"], r["userMetadata"]) for r in rows]))
+    table = DeltaTable.forPath(spark, path)
+    # The newest commits first: every slotlake write carries the watermark, so the full history (a month of
+    # hourly commits) is read only when the recent ones are all someone else's (OPTIMIZE, VACUUM, ...).
+    rows = table.history(_RECENT_COMMITS).select("version", "userMetadata").collect()
+    marked = [r for r in rows if watermark_of(r["userMetadata"]) is not None]
+    if not marked and len(rows) >= _RECENT_COMMITS:
+        rows = table.history().select("version", "userMetadata").collect()
+        marked = [r for r in rows if watermark_of(r["userMetadata"]) is not None]
+    newest = max(marked, key=lambda r: r["version"]) if marked else None
+    return DeltaState(max(r["version"] for r in rows), watermark_of(newest["userMetadata"]) if newest else None,
+                      newest["version"] if newest else None)
 
 
 def delta_watermark(spark: SparkSession, path: str) -> Lsn | None:
@@ -275,7 +285,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         plan = None
         soft = DELETED_COL in existing.fieldNames()
     else:
-        start = _gold_at_watermark(session, gold) if exists else None
+        start = _gold_at_watermark(session, gold, state.marked_version) if exists else None
         events, captured = _column_events(session, paths, schema, table, end)
         evo = plan_evolution(name, start, [(lsn, shape) for (lsn, _), shape in layouts], events,
                              mark=int(mark) if mark is not None else -1, on_drop_column=src.on_drop_column,
@@ -368,17 +378,18 @@ def _layouts(batch: DataFrame) -> list[Layout]:
                                                             r["shape"])) for r in switches]
 
 
-def _gold_at_watermark(session: SparkSession, gold: str) -> list[tuple[str, DataType]]:
-    """Gold's source columns as of its newest watermarked commit (the state the run starts from).
+def _gold_at_watermark(session: SparkSession, gold: str, marked_version: int | None) -> list[tuple[str, DataType]]:
+    """Gold's source columns as of its newest watermarked commit (the state the run starts from; without one,
+    the table's first version, the empty table slotlake created).
 
     Not the latest schema: a run that died after evolving the schema (ALTERs are their own commits) and before
     its merge commit must see the same start again, so the re-run makes the same decisions (defaults included).
     """
     from delta.tables import DeltaTable
 
-    hist = DeltaTable.forPath(session, gold).history().select("version", "userMetadata").collect()
-    marked = [r["version"] for r in hist if watermark_of(r["userMetadata"]) is not None]
-    version = max(marked) if marked else min(r["version"] for r in hist)
+    version = marked_version
+    if version is None:
+        version = min(r["version"] for r in DeltaTable.forPath(session, gold).history().select("version").collect())
     fields = session.read.format("delta").option("versionAsOf", version).load(gold).schema.fields
     return [(f.name, f.dataType) for f in fields if not f.name.startswith("_slotlake_")]
 
@@ -629,7 +640,18 @@ def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -
     nk = F.when(F.col("op").isin("I", "U"), F.struct(*[F.col(f"__n{k}").alias(f"k{j}") for j, k in enumerate(keys)]))
     ch = typed.withColumn("__id", cid).withColumn("__ok", ok).withColumn("__nk", nk)
     moved = (F.col("op") == "U") & ~F.col("__ok").eqNullSafe(F.col("__nk"))
+    if ch.where(moved).limit(1).count() == 0:
+        # No key changed in the batch (the usual case): a row's lineage is its key (rid: the key's first change;
+        # an insert after a delete writes every column, so sharing the key's lineage fills nothing wrong), and
+        # the lineage resolution (several Spark jobs) is not needed.
+        first = F.first("__id").over(Window.partitionBy(F.coalesce("__ok", "__nk")).orderBy("__id"))
+        return _keyed_final(plan, ch.withColumn("rid", first), target)
+    links = _lineage_links(ch, moved, shape.qualified)
+    return _keyed_final(plan, ch.join(links.select("__id", "rid"), "__id"), target)
 
+
+def _lineage_links(ch: DataFrame, moved: Column, name: str) -> DataFrame:
+    """(__id, rid): for every change, the first change of the row lineage it belongs to, following key changes."""
     # Events per key: a change leaves its old key (delete, key change), stays (in-place update) or arrives.
     events = (ch.where(F.col("op").isin("U", "D"))
               .select("__id", F.col("__ok").alias("key"),
@@ -656,13 +678,19 @@ def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -
     broken = links.where(F.col("broken").isNotNull()).limit(1).collect()
     if broken:
         b = broken[0]
-        raise MergeError(f"{shape.qualified}: the change at LSN {Lsn(b['__id']['commit_lsn'])} (seq {b['__id']['seq']}) "
+        raise MergeError(f"{name}: the change at LSN {Lsn(b['__id']['commit_lsn'])} (seq {b['__id']['seq']}) "
                          f"updates or deletes key {b['broken']} after an earlier change in the batch removed it; "
                          "the silver changes are inconsistent (were they decoded twice or out of order?)")
-    links = _resolve_lineage(links, shape.qualified)
+    return _resolve_lineage(links, name)
 
+
+def _keyed_final(plan: TablePlan, ch: DataFrame, target: DataFrame | None) -> DataFrame:
+    """From the changes with their lineage (`rid`: the lineage's first change) to one MERGE source row per key."""
+    shape = plan.shape
+    ncols = len(shape.columns)
+    keys = plan.key_positions
     # Fill unchanged TOAST along each lineage, seeded by the gold row when the lineage starts from it.
-    rows = ch.join(links.select("__id", "rid"), "__id").withColumn("__sub", F.lit(1))
+    rows = ch.withColumn("__sub", F.lit(1))
     rows = rows.select("rid", "__id", "__sub", "op", "__ok", "__nk", "commit_lsn", "commit_ts", *[
         F.when((F.col("op") == "D") | F.col(f"__u{i}"), F.lit(None)).otherwise(F.struct(F.col(f"__n{i}").alias("v")))
         .alias(f"__w{i}") for i in range(ncols)])
