@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # The test suite: installs what is missing (scripts/setup.sh), then runs pytest from the repo's .venv.
 # Extra arguments go to pytest (e.g. scripts/test.sh -m unit, scripts/test.sh tests/integration/test_cli.py).
+# Runs on $SLOTLAKE_TEST_WORKERS (default 2) pytest-xdist workers; 0 runs everything in one process.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/setup.sh"
 cd "$root"
 set +e
-.venv/bin/pytest "$@"
+# Two workers (pytest-xdist), whole files per worker: the long files wait on real clocks, a scheduler and JVM
+# starts much of the time, so a second worker fills that time. SLOTLAKE_TEST_WORKERS=0 runs in one process.
+workers="${SLOTLAKE_TEST_WORKERS:-2}"
+if [ "$workers" = "0" ]; then
+  .venv/bin/pytest "$@"
+else
+  .venv/bin/pytest -n "$workers" --dist loadfile "$@"
+fi
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
