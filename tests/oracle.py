@@ -55,7 +55,8 @@ def canonical(value: Any, pg_type: str) -> str | None:
     if isinstance(value, decimal.Decimal):
         if value.is_nan():
             return "NaN"
-        return format(value.normalize(), "f") if value != 0 else "0"
+        # normalize() rounds to the context precision (28 digits by default): give it room for any numeric
+        return format(value.normalize(decimal.Context(prec=200_000)), "f") if value != 0 else "0"
     if isinstance(value, dt.datetime):
         if value.tzinfo is not None:
             value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
