@@ -13,7 +13,8 @@ workers="${SLOTLAKE_TEST_WORKERS:-2}"
 if [ "$workers" = "0" ]; then
   .venv/bin/pytest "$@"
 else
-  .venv/bin/pytest -n "$workers" --dist loadfile "$@"
+  # --no-loadscope-reorder: keep the collection order (longest files first, tests/conftest.py), not "most tests first".
+  .venv/bin/pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 fi
 rc=$?
 set -e
