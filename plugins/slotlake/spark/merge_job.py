@@ -53,6 +53,7 @@ RUNS_SCHEMA = StructType([
 ])
 _MAX_LINEAGE_ROUNDS = 64
 _RECENT_COMMITS = 20
+_MAX_PARALLEL_TABLES = 8
 TEXT_OID = 25
 
 
@@ -183,7 +184,10 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
         gold = gold_path_for(*name) if gold_path_for else paths.gold(*name)
         return _merge_table(spark.newSession(), src, paths, name[0], name[1], end, changes_path, gold)
 
-    with ThreadPoolExecutor(max_workers=max(1, len(names)), thread_name_prefix="slotlake-merge") as pool:
+    # Tables merge concurrently (each in its own session: invariant 4), at most _MAX_PARALLEL_TABLES at a time so a
+    # source with hundreds of tables does not hold hundreds of cached batches in the driver at once.
+    with ThreadPoolExecutor(max_workers=max(1, min(len(names), _MAX_PARALLEL_TABLES)),
+                            thread_name_prefix="slotlake-merge") as pool:
         futures = {name: pool.submit(one, name) for name in names}
         for name, fut in futures.items():
             try:
