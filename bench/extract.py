@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "plugins"))
 
 import psycopg  # noqa: E402
 
-from slotlake.config import parse_config  # noqa: E402
+from slotlake.config import ExtractSettings, parse_config  # noqa: E402
 from slotlake.localpg import LocalPostgres  # noqa: E402
 
 SCHEMA = """
@@ -111,7 +111,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_500_000, help="pgoutput rows of the throughput workload (0: skip)")
     ap.add_argument("--big-txn", type=int, default=1_000_000, help="rows in the one big transaction (0: skip)")
-    ap.add_argument("--upto-nchanges", type=int, default=200_000)
+    ap.add_argument("--upto-nchanges", type=int, default=ExtractSettings().upto_nchanges,
+                    help="rows per peek call (default: the config default)")
     args = ap.parse_args()
 
     with LocalPostgres() as server, tempfile.TemporaryDirectory(prefix="slotlake-bench-") as tmp:

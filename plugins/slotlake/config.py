@@ -35,7 +35,11 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 class ExtractSettings:
     """Bounds of one extract: rows per peek call (`upto_nchanges`) and rows per Parquet row group."""
 
-    upto_nchanges: int = 200_000
+    # Each peek call re-decodes the WAL between the slot's restart_lsn and its confirmed position before it
+    # returns anything; restart_lsn only moves at a running-xacts record (about every 15 s of activity), so a
+    # burst decoded in many small calls costs O(calls x burst). 1 M rows keeps calls few; the extract streams them,
+    # so its memory does not grow with this number (the server spills a call's rows past work_mem to disk).
+    upto_nchanges: int = 1_000_000
     batch_rows: int = 65_536
     max_calls: int = 1_000  # peek calls per run; a run stops (and the next continues) past this
     warn_retained_wal_mb: int = 1024

@@ -128,6 +128,13 @@ def _peek_query(conn, source: SourceConfig, upto_lsn: Lsn, upto_nchanges: int) -
     return query.as_string(conn)
 
 
+def _parquet_writer(path: str) -> pq.ParquetWriter:
+    # pgoutput frames are nearly all distinct and LSNs only grow: dictionary pages and binary min/max statistics
+    # would cost time for nothing. xid repeats (one per transaction) and keeps its dictionary; LSN statistics stay
+    # (row groups can be skipped by LSN).
+    return pq.ParquetWriter(path, SCHEMA, use_dictionary=["xid"], write_statistics=["lsn", "xid", "ord"])
+
+
 def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, batch_rows: int) -> _Call:
     """Stream one peek call into a Parquet file at `path`, in row groups of `batch_rows`; returns what was seen."""
     call = _Call()
@@ -148,7 +155,7 @@ def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, b
             pending_rows += batch.num_rows
             if pending_rows >= batch_rows:
                 if writer is None:
-                    writer = pq.ParquetWriter(path, SCHEMA)
+                    writer = _parquet_writer(path)
                 table = pa.Table.from_batches(pending, schema=SCHEMA)
                 full = (pending_rows // batch_rows) * batch_rows
                 writer.write_table(table.slice(0, full), row_group_size=batch_rows)
@@ -157,7 +164,7 @@ def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, b
         if call.rows == 0:
             return call
         if writer is None:
-            writer = pq.ParquetWriter(path, SCHEMA)
+            writer = _parquet_writer(path)
         if pending_rows:
             writer.write_table(pa.Table.from_batches(pending, schema=SCHEMA), row_group_size=batch_rows)
         end = call.end_lsn
