@@ -62,6 +62,7 @@ LONG_FIRST = ["test_replay_airflow.py", "test_faults.py", "test_e2e_workload.py"
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     order = {id(item): n for n, item in enumerate(items)}
+
     def key(item):
         path = Path(str(item.fspath))
         return (rank.get(path.name, len(rank)) if path.parent.name == "integration" else len(rank), order[id(item)])

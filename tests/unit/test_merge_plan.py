@@ -9,7 +9,7 @@ from pyspark.sql.types import (BooleanType, DecimalType, IntegerType, LongType, 
 
 from slotlake.errors import MergeError
 from slotlake.lsn import Lsn
-from slotlake.merge.plan import (KeyStrategy, TableShape, gold_schema, latest_watermark, merge_commit_conf,
+from slotlake.merge.plan import (KeyStrategy, TableShape, gold_schema, merge_commit_conf, newest_watermark,
                                  parse_tables, plan_table, schema_mismatch, stage_metadata, watermark_of)
 
 pytestmark = pytest.mark.unit
@@ -80,10 +80,10 @@ def test_watermark_of(meta, want):
     assert watermark_of(meta) == want
 
 
-def test_latest_watermark_takes_newest_slotlake_commit():
+def test_newest_watermark_takes_newest_slotlake_commit():
     history = [(0, None), (1, stage_metadata(Lsn(10), "merge")), (3, "OPTIMIZE"), (2, stage_metadata(Lsn(20), "merge"))]
-    assert latest_watermark(history) == Lsn(20)
-    assert latest_watermark([(0, None)]) is None
+    assert newest_watermark(history) == (2, Lsn(20))
+    assert newest_watermark([(0, None)]) is None
     assert json.loads(stage_metadata(Lsn(20), "merge"))["slotlake"]["stage"] == "merge"
 
 

@@ -158,12 +158,13 @@ def watermark_of(user_metadata: str | None) -> Lsn | None:
         return None
 
 
-def latest_watermark(history: list[tuple[int, str | None]]) -> Lsn | None:
-    """Given (version, userMetadata) pairs of a Delta table's history, the watermark of the newest slotlake commit."""
-    for _, meta in sorted(history, key=lambda h: h[0], reverse=True):
+def newest_watermark(history: list[tuple[int, str | None]]) -> tuple[int, Lsn] | None:
+    """Given (version, userMetadata) pairs of a Delta table's history, the newest slotlake commit's (version,
+    watermark); None when no commit carries one."""
+    for version, meta in sorted(history, key=lambda h: h[0], reverse=True):
         lsn = watermark_of(meta)
         if lsn is not None:
-            return lsn
+            return version, lsn
     return None
 
 

@@ -33,6 +33,7 @@ class TableInfo:
     oid: int
     replica_identity: str
     key_columns: tuple[str, ...]
+    partitioned: bool = False  # relkind 'p': its rows live in its partitions
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def _table_info(conn: psycopg.Connection, source: SourceConfig, name: str, user:
     if row is None or row[2] not in ("r", "p"):
         raise PreflightError(f"source {source.name}: table {name} does not exist in this database; "
                              f"create it, or remove it from sources.{source.name}.tables")
-    oid, identity, _, can_select = row
+    oid, identity, relkind, can_select = row
     if not can_select:
         raise PreflightError(f"source {source.name}: role {user} has no SELECT on {name}; "
                              f"run GRANT SELECT ON {name} TO {user}")
@@ -123,7 +124,7 @@ def _table_info(conn: psycopg.Connection, source: SourceConfig, name: str, user:
                 f"source {source.name}: table {name} has REPLICA IDENTITY {_IDENTITY_NAMES[identity]} but {what}, "
                 f"so its updates and deletes cannot be matched; add a primary key, or run "
                 f"ALTER TABLE {name} REPLICA IDENTITY FULL")
-    return TableInfo(name=name, oid=oid, replica_identity=identity, key_columns=keys)
+    return TableInfo(name=name, oid=oid, replica_identity=identity, key_columns=keys, partitioned=relkind == "p")
 
 
 def _ensure_publication(conn: psycopg.Connection, source: SourceConfig) -> tuple[list[str], bool, tuple[str, ...],
@@ -170,17 +171,15 @@ def _ensure_publication(conn: psycopg.Connection, source: SourceConfig) -> tuple
     return list(source.tables), False, missing, warnings
 
 
-def _check_partition_root(conn: psycopg.Connection, source: SourceConfig, tables: list[str]) -> None:
+def _check_partition_root(conn: psycopg.Connection, source: SourceConfig, tables: tuple[TableInfo, ...]) -> None:
     """A partitioned table must be published under its own name (publish_via_partition_root), else its changes
     arrive as changes of each partition and the table named in the config would never see them."""
+    partitioned = [t.name for t in tables if t.partitioned]
+    if not partitioned:
+        return
     via_root = conn.execute("SELECT pubviaroot FROM pg_publication WHERE pubname = %s",
                             (source.publication,)).fetchone()
-    if via_root is None or via_root[0]:
-        return
-    partitioned = [t for t in tables if conn.execute(
-        "SELECT c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE n.nspname = %s AND c.relname = %s", _split(t)).fetchone() == (True,)]
-    if partitioned:
+    if via_root is not None and not via_root[0]:
         stmt = sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(
             sql.Identifier(source.publication)).as_string(conn)
         raise PreflightError(
@@ -235,8 +234,8 @@ def run_preflight(cfg: Config, source: SourceConfig) -> PreflightReport:
             for t in source.tables:  # fail on a missing table before touching the publication
                 _table_info(conn, source, t, user)
         tables, pub_created, added, warnings = _ensure_publication(conn, source)
-        _check_partition_root(conn, source, tables)
         infos = tuple(_table_info(conn, source, t, user) for t in tables)
+        _check_partition_root(conn, source, infos)
         for t in infos:
             if t.replica_identity == "n":
                 warnings.append(f"{t.name} has REPLICA IDENTITY NOTHING: it is synced insert-only (PostgreSQL "

@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from psycopg import sql
 
 from slotlake import bronze
-from slotlake.config import Config, SnapshotSettings, SourceConfig
+from slotlake.config import Config, SourceConfig
 from slotlake.errors import PreflightError, SlotLostError, SnapshotError
 from slotlake.lsn import Lsn
 from slotlake.merge.visibility import CopySnapshot
@@ -364,12 +364,10 @@ def _sizes(cfg: Config, workers: int | None, part_pages: int | None) -> dict[str
 
 
 def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], snapshot_name: str, pages: dict[str, int],
-                *, workers: int | None = None, part_pages: int | None = None) -> list[TableCopyResult]:
+                *, workers: int, part_pages: int) -> list[TableCopyResult]:
     """Copy `copies` (manifests planned by the caller) under the exported snapshot `snapshot_name`, on `workers`
-    connections. The snapshot must stay exported (its transaction or replication connection open) meanwhile."""
-    defaults = SnapshotSettings()
-    workers = workers or int(os.environ.get(WORKERS_ENV, defaults.workers))
-    part_pages = part_pages or int(os.environ.get(PART_PAGES_ENV, defaults.part_pages))
+    connections, in parts of `part_pages` blocks (`_sizes`). The snapshot must stay exported (its transaction or
+    replication connection open) meanwhile."""
     work: queue.Queue[_Part | None] = queue.Queue()
     progress: dict[str, _Progress] = {}
     t0 = time.monotonic()

@@ -32,7 +32,7 @@ from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import (COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, TXN_APP_ID, TXN_VERSION, USER_METADATA,
-                                 KeyStrategy, TablePlan, TableShape, merge_commit_conf, plan_table,
+                                 KeyStrategy, TablePlan, TableShape, merge_commit_conf, newest_watermark, plan_table,
                                  schema_mismatch, watermark_of)
 from slotlake.merge.evolution import ColumnHistoryEvent, Evolution, column_events, plan_evolution
 from slotlake.merge.visibility import CopySnapshot, not_seen_by_copy
@@ -128,14 +128,16 @@ def delta_state(spark: SparkSession, path: str) -> DeltaState:
     table = DeltaTable.forPath(spark, path)
     # The newest commits first: every slotlake write carries the watermark, so the full history (a month of
     # hourly commits) is read only when the recent ones are all someone else's (OPTIMIZE, VACUUM, ...).
-    rows = table.history(_RECENT_COMMITS).select("version", "userMetadata").collect()
-    marked = [r for r in rows if watermark_of(r["userMetadata"]) is not None]
-    if not marked and len(rows) >= _RECENT_COMMITS:
-        rows = table.history().select("version", "userMetadata").collect()
-        marked = [r for r in rows if watermark_of(r["userMetadata"]) is not None]
-    newest = max(marked, key=lambda r: r["version"]) if marked else None
-    return DeltaState(max(r["version"] for r in rows), watermark_of(newest["userMetadata"]) if newest else None,
-                      newest["version"] if newest else None)
+    def history(limit: int | None) -> list[tuple[int, str | None]]:
+        h = table.history(limit) if limit else table.history()
+        return [(r["version"], r["userMetadata"]) for r in h.select("version", "userMetadata").collect()]
+
+    rows = history(_RECENT_COMMITS)
+    newest = newest_watermark(rows)
+    if newest is None and len(rows) >= _RECENT_COMMITS:
+        rows = history(None)
+        newest = newest_watermark(rows)
+    return DeltaState(max(v for v, _ in rows), newest[1] if newest else None, newest[0] if newest else None)
 
 
 def delta_watermark(spark: SparkSession, path: str) -> Lsn | None:

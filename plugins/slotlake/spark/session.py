@@ -49,7 +49,9 @@ def local_cores(master: str) -> int | None:
         return None
     if m.group(1) in (None, ""):
         return 1
-    return os.cpu_count() or 1 if m.group(1) == "*" else max(1, int(m.group(1)))
+    if m.group(1) == "*":
+        return os.cpu_count() or 1
+    return max(1, int(m.group(1)))
 
 
 def spark_conf(master: str = "local[*]", extra: Mapping[str, str] | None = None) -> dict[str, str]:
