@@ -7,7 +7,8 @@
         dsn: postgresql://user@127.0.0.1:5432/shop    # or conn_id: <Airflow connection id>; ${ENV} expands
         slot: slotlake_shop
         publication: slotlake_shop
-        tables: [public.orders]
+        tables: [public.orders]         # or schemas: [public]; neither: every table (FOR ALL TABLES)
+        insert_only: [public.events]    # keyless append-only tables (publication <publication>_insert_only)
         schedule: "0 * * * *"
         delete_mode: hard
         history: false
@@ -28,6 +29,8 @@ from slotlake.errors import ConfigError
 ENV_VAR = "SLOTLAKE_CONFIG"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
 _IDENT = re.compile(r'^[A-Za-z_][A-Za-z0-9_$]*$')
+INSERT_ONLY_SUFFIX = "_insert_only"
+_MAX_IDENT = 63  # PostgreSQL truncates longer names (NAMEDATALEN - 1)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -75,9 +78,46 @@ class SourceConfig:
     start_date: str
     on_bad_value: str  # quarantine | fail
     on_drop_column: str = "keep"  # keep | drop: what gold does with a column dropped in the source
+    schemas: tuple[str, ...] | None = None  # instead of tables: the publication is FOR TABLES IN SCHEMA these
+    insert_only: tuple[str, ...] = ()  # keyless append-only tables, published for insert and truncate only
 
     def lake_path(self, lake: str) -> str:
         return f"{lake.rstrip('/')}/{self.name}"
+
+    @property
+    def insert_only_publication(self) -> str:
+        """The second publication, `WITH (publish = 'insert, truncate')`, that carries the `insert_only` tables."""
+        return f"{self.publication}{INSERT_ONLY_SUFFIX}"
+
+    @property
+    def publications(self) -> tuple[str, ...]:
+        """Every publication the slot is read with."""
+        return (self.publication, self.insert_only_publication) if self.insert_only else (self.publication,)
+
+    @property
+    def listed_tables(self) -> tuple[str, ...] | None:
+        """The tables named in the config (`tables` + `insert_only`), or None when the publication decides."""
+        if self.tables is None:
+            return None
+        return self.tables + tuple(t for t in self.insert_only if t not in self.tables)
+
+    def keyless_appends(self, table: str) -> bool:
+        """Whether a keyless table (REPLICA IDENTITY DEFAULT without a primary key) is merged as appends rather
+        than refused: listed in `insert_only` (published for inserts and truncates only), or in a source without a
+        table list (its publication publishes updates, so PostgreSQL rejects UPDATE and DELETE on such a table).
+        Either way its stream holds only inserts and truncates."""
+        return table in self.insert_only or self.tables is None
+
+    def syncs(self, table: str) -> bool:
+        """Whether `table` (schema.table) belongs to this source: listed in `tables` or `insert_only`, in one of
+        `schemas`, or (neither set) any table its publications carry."""
+        if table in self.insert_only:
+            return True
+        if self.tables is not None:
+            return table in self.tables
+        if self.schemas is not None:
+            return table.partition(".")[0] in self.schemas
+        return True
 
 
 @dataclass(frozen=True)
@@ -102,7 +142,7 @@ _SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit"}
 _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_mb"}
 _SNAPSHOT_KEYS = {"workers", "part_pages"}
 _SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
-                "start_date", "on_bad_value", "on_drop_column"}
+                "start_date", "on_bad_value", "on_drop_column", "schemas", "insert_only"}
 
 
 def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
@@ -167,6 +207,35 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
         tables = tuple(_parse_table(t, f"{where}.tables") for t in tables)
         if len(set(tables)) != len(tables):
             raise ConfigError(f"{where}.tables: lists a table twice")
+    schemas = raw.get("schemas")
+    if schemas is not None:
+        if tables is not None:
+            raise ConfigError(f"{where}: set tables or schemas, not both (schemas publishes every table of the "
+                              "listed schemas; tables only the listed tables)")
+        if not isinstance(schemas, list) or not schemas:
+            raise ConfigError(f"{where}.schemas: must be a non-empty list like [public], or left out for every table")
+        for s in schemas:
+            if not isinstance(s, str) or not _IDENT.match(s):
+                raise ConfigError(f"{where}.schemas: {s!r} is not a plain schema name")
+        if len(set(schemas)) != len(schemas):
+            raise ConfigError(f"{where}.schemas: lists a schema twice")
+        schemas = tuple(schemas)
+    insert_only = raw.get("insert_only") or ()
+    if insert_only:
+        if not isinstance(insert_only, list):
+            raise ConfigError(f"{where}.insert_only: must be a list like [public.events]")
+        insert_only = tuple(_parse_table(t, f"{where}.insert_only") for t in insert_only)
+        if len(set(insert_only)) != len(insert_only):
+            raise ConfigError(f"{where}.insert_only: lists a table twice")
+        both = [t for t in insert_only if t in (tables or ())]
+        if both:
+            raise ConfigError(f"{where}: {', '.join(both)} is listed in both tables and insert_only; keep it in "
+                              "insert_only (published for inserts and truncates only, merged as appends) or in "
+                              "tables, not both")
+        if len(publication) + len(INSERT_ONLY_SUFFIX) > _MAX_IDENT:
+            raise ConfigError(f"{where}.publication: {publication!r} is too long to name the insert-only "
+                              f"publication {publication}{INSERT_ONLY_SUFFIX} (at most {_MAX_IDENT} characters); "
+                              "choose a shorter publication name")
     schedule = raw.get("schedule", "0 * * * *")
     if not isinstance(schedule, str) or len(schedule.split()) != 5:
         raise ConfigError(f"{where}.schedule: {schedule!r} must be a 5-field cron expression, e.g. \"0 * * * *\"")
@@ -188,7 +257,8 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
                           "from the drop on) or drop (the gold column is dropped with its data)")
     return SourceConfig(name=name, dsn=dsn, conn_id=conn_id, slot=slot, publication=publication, tables=tables,
                         schedule=schedule, delete_mode=delete_mode, history=history, start_date=start_date,
-                        on_bad_value=on_bad_value, on_drop_column=on_drop_column)
+                        on_bad_value=on_bad_value, on_drop_column=on_drop_column, schemas=schemas,
+                        insert_only=tuple(insert_only))
 
 
 def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = None) -> Config:

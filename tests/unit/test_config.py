@@ -124,3 +124,62 @@ def test_snapshot_settings_default_and_set():
     assert parse_config(with_change("extract", {})).snapshot.workers == 2
     cfg = parse_config(with_change("snapshot", {"workers": 4, "part_pages": 1024}))
     assert (cfg.snapshot.workers, cfg.snapshot.part_pages) == (4, 1024)
+
+
+def test_schemas_and_insert_only_parse_with_their_publication():
+    raw = with_change("sources.crm.schemas", ["sales", "ops"])
+    raw["sources"]["crm"]["insert_only"] = ["public.events", "ops.log"]
+    crm = parse_config(raw).source("crm")
+    assert crm.tables is None and crm.schemas == ("sales", "ops")
+    assert crm.insert_only == ("public.events", "ops.log")
+    assert crm.insert_only_publication == "slotlake_crm_insert_only"
+    assert crm.publications == ("slotlake_crm", "slotlake_crm_insert_only")
+    assert crm.listed_tables is None
+    # the schemas' tables, the insert-only ones, nothing else
+    assert [crm.syncs(t) for t in ("sales.a", "ops.b", "public.events", "public.other")] == [True, True, True, False]
+    assert crm.keyless_appends("sales.a") and crm.keyless_appends("public.events")
+
+
+def test_defaults_without_schemas_or_insert_only():
+    cfg = parse_config(GOOD)
+    shop, crm = cfg.source("shop"), cfg.source("crm")
+    assert shop.schemas is None and shop.insert_only == () and shop.publications == ("slotlake_shop",)
+    assert shop.listed_tables == ("public.orders", "public.customers")
+    assert shop.syncs("public.orders") and not shop.syncs("public.other")
+    assert not shop.keyless_appends("public.orders"), "a listed keyless table is refused, not appended"
+    assert crm.syncs("any.table") and crm.keyless_appends("any.table"), "no table list: every published table"
+
+
+def test_insert_only_tables_join_the_listed_tables():
+    shop = parse_config(with_change("sources.shop.insert_only", ["public.history"])).source("shop")
+    assert shop.listed_tables == ("public.orders", "public.customers", "public.history")
+    assert shop.keyless_appends("public.history") and not shop.keyless_appends("public.orders")
+    assert shop.syncs("public.history")
+
+
+@pytest.mark.parametrize("path,value,fragment", [
+    ("sources.shop.schemas", ["public"], "sources.shop: set tables or schemas, not both"),
+    ("sources.crm.schemas", [], "sources.crm.schemas: must be a non-empty list"),
+    ("sources.crm.schemas", "public", "sources.crm.schemas: must be a non-empty list"),
+    ("sources.crm.schemas", ["Sales Dept"], "sources.crm.schemas: 'Sales Dept' is not a plain schema name"),
+    ("sources.crm.schemas", ["a", "a"], "sources.crm.schemas: lists a schema twice"),
+    ("sources.shop.insert_only", "public.h", "sources.shop.insert_only: must be a list"),
+    ("sources.shop.insert_only", ["history"], "sources.shop.insert_only: 'history' must be written schema.table"),
+    ("sources.shop.insert_only", ["public.h", "public.h"], "sources.shop.insert_only: lists a table twice"),
+    ("sources.shop.insert_only", ["public.orders"], "public.orders is listed in both tables and insert_only"),
+    ("sources.shop.insert_onyl", ["public.h"], "did you mean 'insert_only'"),
+], ids=["tables-and-schemas", "empty-schemas", "schemas-not-a-list", "quoted-schema", "duplicate-schema",
+        "insert-only-not-a-list", "insert-only-without-schema", "insert-only-twice", "insert-only-and-tables",
+        "misspelt-insert-only"])
+def test_bad_schemas_or_insert_only_names_the_key(path, value, fragment):
+    with pytest.raises(ConfigError) as err:
+        parse_config(with_change(path, value))
+    assert fragment in str(err.value)
+
+
+def test_insert_only_publication_name_must_fit():
+    raw = with_change("sources.shop.publication", "p" * 55)
+    assert parse_config(raw).source("shop").publication == "p" * 55  # fine without insert_only
+    raw["sources"]["shop"]["insert_only"] = ["public.h"]
+    with pytest.raises(ConfigError, match=r"sources.shop.publication: .* too long to name the insert-only publication"):
+        parse_config(raw)

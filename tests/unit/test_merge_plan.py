@@ -44,6 +44,19 @@ def test_plan_table_rejects(table_shape, message):
         plan_table(table_shape, "hard")
 
 
+def test_keyless_table_is_merged_as_appends_when_the_source_says_so():
+    keyless = shape("d", ())
+    with pytest.raises(MergeError, match="no key column.*insert_only"):
+        plan_table(keyless, "hard")
+    plan = plan_table(keyless, "soft", keyless_appends=True)
+    assert (plan.strategy, plan.key_positions, plan.soft_delete) == (KeyStrategy.INSERT_ONLY, (), True)
+    assert "_slotlake_dup" not in plan.gold_schema.fieldNames()
+    # a table with a key keeps its key even in a source that appends keyless tables
+    assert plan_table(shape("d", ("id",)), "hard", keyless_appends=True).strategy is KeyStrategy.KEYED
+    assert plan_table(shape("f", ("id", "amount", "note")), "hard", keyless_appends=True).strategy \
+        is KeyStrategy.FULL_ROW
+
+
 def test_gold_schema_adds_slotlake_columns():
     keyed = gold_schema(shape(), KeyStrategy.KEYED, soft_delete=False)
     assert keyed == StructType([

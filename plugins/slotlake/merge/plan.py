@@ -66,8 +66,11 @@ class TablePlan:
         return gold_schema(self.shape, self.strategy, self.soft_delete)
 
 
-def plan_table(shape: TableShape, delete_mode: str) -> TablePlan:
-    """Choose the key strategy; reject shapes no merge can apply correctly."""
+def plan_table(shape: TableShape, delete_mode: str, *, keyless_appends: bool = False) -> TablePlan:
+    """Choose the key strategy; reject shapes no merge can apply correctly.
+
+    `keyless_appends` (SourceConfig.keyless_appends): a table without a key (DEFAULT without a primary key) is
+    merged insert-only, as appends, instead of refused: its stream holds only inserts and truncates."""
     if len(set(shape.columns)) != len(shape.columns):
         raise MergeError(f"{shape.qualified}: duplicate column names in {list(shape.columns)}")
     if not (len(shape.columns) == len(shape.type_oids) == len(shape.typmods)):
@@ -84,13 +87,17 @@ def plan_table(shape: TableShape, delete_mode: str) -> TablePlan:
         missing = [k for k in shape.key_columns if k not in shape.columns]
         if missing:
             raise MergeError(f"{shape.qualified}: key columns {missing} are not among the columns {list(shape.columns)}")
-        if not shape.key_columns:
+        if not shape.key_columns and not keyless_appends:
             raise MergeError(
                 f"{shape.qualified}: replica identity {'DEFAULT' if ri == 'd' else 'USING INDEX'} but no key column "
                 "(a table without a primary key); give it a primary key or run "
-                f"ALTER TABLE {shape.qualified} REPLICA IDENTITY FULL")
-        strategy = KeyStrategy.KEYED
-        keys = tuple(shape.columns.index(k) for k in shape.key_columns)
+                f"ALTER TABLE {shape.qualified} REPLICA IDENTITY FULL, or list it in insert_only if its rows are "
+                "only ever inserted")
+        if shape.key_columns:
+            strategy = KeyStrategy.KEYED
+            keys = tuple(shape.columns.index(k) for k in shape.key_columns)
+        else:
+            strategy, keys = KeyStrategy.INSERT_ONLY, ()
     else:
         raise MergeError(f"{shape.qualified}: unknown replica identity {ri!r} (expected d, n, f or i)")
     if delete_mode not in ("hard", "soft"):

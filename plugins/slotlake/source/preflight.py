@@ -97,7 +97,10 @@ def _publication(conn: psycopg.Connection, name: str) -> tuple[bool, list[str]] 
     return row[0], tables + [m for m in members if m not in tables]
 
 
-def _table_info(conn: psycopg.Connection, source: SourceConfig, name: str, user: str) -> TableInfo:
+def _table_info(conn: psycopg.Connection, source: SourceConfig, name: str, user: str, *,
+                refuse_keyless: bool = True) -> TableInfo:
+    """The table's identity and key. A keyless table (DEFAULT without a primary key, USING INDEX without its
+    index) is refused when `refuse_keyless`, else returned with no key columns (merged as appends)."""
     schema, table = _split(name)
     row = conn.execute(
         "SELECT c.oid, c.relreplident, c.relkind, has_table_privilege(c.oid, 'SELECT') "
@@ -118,12 +121,13 @@ def _table_info(conn: psycopg.Connection, source: SourceConfig, name: str, user:
             f"SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY k(attnum, pos) "
             f"JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
             f"WHERE i.indrelid = %s AND i.{flag} ORDER BY k.pos", (oid,)))
-        if not keys:
+        if not keys and refuse_keyless:
             what = "no primary key" if identity == "d" else "its replica identity index is missing"
             raise PreflightError(
                 f"source {source.name}: table {name} has REPLICA IDENTITY {_IDENTITY_NAMES[identity]} but {what}, "
                 f"so its updates and deletes cannot be matched; add a primary key, or run "
-                f"ALTER TABLE {name} REPLICA IDENTITY FULL")
+                f"ALTER TABLE {name} REPLICA IDENTITY FULL, or, if its rows are only ever inserted (an event or log "
+                f"table), move it from sources.{source.name}.tables to sources.{source.name}.insert_only")
     return TableInfo(name=name, oid=oid, replica_identity=identity, key_columns=keys, partitioned=relkind == "p")
 
 
@@ -133,11 +137,9 @@ def _ensure_publication(conn: psycopg.Connection, source: SourceConfig) -> tuple
     pub = source.publication
     warnings: list[str] = []
     existing = _publication(conn, pub)
+    if existing is None and not source.tables:
+        return _create_every_table_publication(conn, source), True, (), warnings
     if existing is None:
-        if not source.tables:
-            raise PreflightError(f"source {source.name}: publication {pub} does not exist and no tables are "
-                                 f"configured; set sources.{source.name}.tables (slotlake then creates the "
-                                 f"publication) or set sources.{source.name}.publication to an existing one")
         # Changes of a partitioned table's partitions are published as changes of the table itself (its name,
         # its columns), so its gold table is the one the config names.
         stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)").format(
@@ -151,10 +153,13 @@ def _ensure_publication(conn: psycopg.Connection, source: SourceConfig) -> tuple
         return list(source.tables), True, (), warnings
     all_tables, published = existing
     if not source.tables:
-        if not published:
+        if source.schemas and not all_tables:
+            _add_schemas(conn, source)
+            published = _publication(conn, pub)[1]
+        elif not published and not all_tables and not source.insert_only:
             raise PreflightError(f"source {source.name}: publication {pub} has no tables; add tables to it "
                                  f"(ALTER PUBLICATION {pub} ADD TABLE ...) or set sources.{source.name}.tables")
-        return published, False, (), warnings
+        return [t for t in published if source.syncs(t)], False, (), warnings
     missing = tuple(t for t in source.tables if t not in published)
     if missing and not all_tables:
         stmt = sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
@@ -169,6 +174,100 @@ def _ensure_publication(conn: psycopg.Connection, source: SourceConfig) -> tuple
         warnings.append(f"added {', '.join(missing)} to publication {pub}: changes are captured from now on; "
                         "rows that existed before are copied by the snapshot step")
     return list(source.tables), False, missing, warnings
+
+
+def _every_table_clause(source: SourceConfig) -> sql.Composable:
+    if source.schemas:
+        return sql.SQL("FOR TABLES IN SCHEMA {}").format(sql.SQL(", ").join(sql.Identifier(n) for n in source.schemas))
+    return sql.SQL("FOR ALL TABLES")
+
+
+def _check_schemas(conn: psycopg.Connection, source: SourceConfig, version: int) -> None:
+    if not source.schemas:
+        return
+    if version < 150000:
+        raise PreflightError(f"source {source.name}: sources.{source.name}.schemas needs PostgreSQL 15 or newer "
+                             f"(FOR TABLES IN SCHEMA); list the tables in sources.{source.name}.tables instead")
+    found = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = ANY(%s)",
+                                        (list(source.schemas),))}
+    missing = [n for n in source.schemas if n not in found]
+    if missing:
+        raise PreflightError(f"source {source.name}: schema {', '.join(missing)} does not exist in this database; "
+                             f"create it, or remove it from sources.{source.name}.schemas")
+
+
+def _create_every_table_publication(conn: psycopg.Connection, source: SourceConfig) -> list[str]:
+    """No table list: the publication follows every table (or every table of `schemas`), including tables
+    created later, as Debezium's `publication.autocreate.mode=all_tables` does. Needs a superuser."""
+    pub = source.publication
+    stmt = sql.SQL("CREATE PUBLICATION {} {} WITH (publish_via_partition_root = true)").format(
+        sql.Identifier(pub), _every_table_clause(source))
+    try:
+        conn.execute(stmt)
+    except psycopg.errors.InsufficientPrivilege as e:
+        raise PreflightError(f"source {source.name}: cannot create publication {pub}: {e.diag.message_primary}; "
+                             f"ask a superuser to run: {stmt.as_string(conn)}, or set sources.{source.name}.tables "
+                             "(a publication for listed tables needs only ownership of them)") from None
+    log.info("source %s: created publication %s %s", source.name, pub,
+             "for schemas " + ", ".join(source.schemas) if source.schemas else "for all tables")
+    return [t for t in _publication(conn, pub)[1] if source.syncs(t)]
+
+
+def _add_schemas(conn: psycopg.Connection, source: SourceConfig) -> None:
+    """Add the configured schemas an existing publication lacks."""
+    pub = source.publication
+    present = {r[0] for r in conn.execute(
+        "SELECT n.nspname FROM pg_publication_namespace pn JOIN pg_publication p ON p.oid = pn.pnpubid "
+        "JOIN pg_namespace n ON n.oid = pn.pnnspid WHERE p.pubname = %s", (pub,))}
+    missing = [n for n in source.schemas or () if n not in present]
+    if not missing:
+        return
+    stmt = sql.SQL("ALTER PUBLICATION {} ADD TABLES IN SCHEMA {}").format(
+        sql.Identifier(pub), sql.SQL(", ").join(sql.Identifier(n) for n in missing))
+    try:
+        conn.execute(stmt)
+    except psycopg.errors.InsufficientPrivilege as e:
+        raise PreflightError(f"source {source.name}: cannot add schema {', '.join(missing)} to publication {pub}: "
+                             f"{e.diag.message_primary}; ask a superuser to run: {stmt.as_string(conn)}") from None
+    log.info("source %s: added schema %s to publication %s", source.name, ", ".join(missing), pub)
+
+
+def _ensure_insert_only_publication(conn: psycopg.Connection, source: SourceConfig) -> bool:
+    """Create or complete `<publication>_insert_only` for the `insert_only` tables: it publishes inserts and
+    truncates only, so PostgreSQL keeps accepting UPDATE and DELETE on keyless tables in it (a publication that
+    publishes them makes PostgreSQL reject them). Returns whether it was created."""
+    if not source.insert_only:
+        return False
+    pub = source.insert_only_publication
+    row = conn.execute("SELECT pubupdate OR pubdelete, pubviaroot FROM pg_publication WHERE pubname = %s",
+                       (pub,)).fetchone()
+    if row is None:
+        stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert, truncate', "
+                       "publish_via_partition_root = true)").format(
+            sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in source.insert_only))
+        created = True
+    else:
+        if row[0] or not row[1]:
+            stmt = sql.SQL("ALTER PUBLICATION {} SET (publish = 'insert, truncate', "
+                           "publish_via_partition_root = true)").format(sql.Identifier(pub)).as_string(conn)
+            raise PreflightError(f"source {source.name}: publication {pub} (for sources.{source.name}.insert_only) "
+                                 "must publish inserts and truncates only, under the partition root's name; "
+                                 f"run: {stmt}")
+        published = _publication(conn, pub)[1]
+        missing = [t for t in source.insert_only if t not in published]
+        if not missing:
+            return False
+        stmt = sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+            sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in missing))
+        created = False
+    try:
+        conn.execute(stmt)
+    except psycopg.errors.InsufficientPrivilege as e:
+        raise PreflightError(f"source {source.name}: cannot prepare publication {pub}: {e.diag.message_primary}; "
+                             f"ask a table owner or superuser to run: {stmt.as_string(conn)}") from None
+    log.info("source %s: %s publication %s (inserts and truncates) for %s", source.name,
+             "created" if created else "completed", pub, ", ".join(source.insert_only))
+    return created
 
 
 def _check_partition_root(conn: psycopg.Connection, source: SourceConfig, tables: tuple[TableInfo, ...]) -> None:
@@ -233,13 +332,30 @@ def run_preflight(cfg: Config, source: SourceConfig) -> PreflightReport:
         if source.tables:
             for t in source.tables:  # fail on a missing table before touching the publication
                 _table_info(conn, source, t, user)
+        for t in source.insert_only:
+            _table_info(conn, source, t, user, refuse_keyless=False)
+        _check_schemas(conn, source, version)
         tables, pub_created, added, warnings = _ensure_publication(conn, source)
-        infos = tuple(_table_info(conn, source, t, user) for t in tables)
+        _ensure_insert_only_publication(conn, source)
+        tables = tables + [t for t in source.insert_only if t not in tables]
+        infos = tuple(_table_info(conn, source, t, user, refuse_keyless=not source.keyless_appends(t))
+                      for t in tables)
         _check_partition_root(conn, source, infos)
         for t in infos:
             if t.replica_identity == "n":
                 warnings.append(f"{t.name} has REPLICA IDENTITY NOTHING: it is synced insert-only (PostgreSQL "
                                 "rejects its updates and deletes while the publication publishes them)")
+            elif t.replica_identity in ("d", "i") and not t.key_columns and t.name not in source.insert_only:
+                warnings.append(
+                    f"{t.name} has no primary key (REPLICA IDENTITY {_IDENTITY_NAMES[t.replica_identity]}): "
+                    f"PostgreSQL rejects UPDATE and DELETE on it while publication {source.publication} publishes "
+                    f"them, so it is synced as appends; if the application updates or deletes its rows, run "
+                    f"ALTER TABLE {t.name} REPLICA IDENTITY FULL (or add a primary key); if it only inserts, list "
+                    f"it in sources.{source.name}.insert_only")
+            elif t.key_columns and t.name in source.insert_only and source.tables:
+                warnings.append(f"{t.name} has a key but is listed in insert_only: only its inserts and truncates "
+                                f"are published, so its updates and deletes never reach gold; move it to "
+                                f"sources.{source.name}.tables")
         slot, slot_created = _check_slot(conn, cfg, source)
         retained = None
         if slot.restart_lsn is not None:

@@ -522,12 +522,14 @@ def _check_select(conn: psycopg.Connection, source: SourceConfig, tables: list[s
 
 
 def source_tables(conn: psycopg.Connection, source: SourceConfig) -> list[str]:
-    """The tables the source syncs: the configured ones, else every table in its publication."""
-    if source.tables:
-        return list(source.tables)
+    """The tables the source syncs: the configured ones (`tables` + `insert_only`), else every table its
+    publications carry (of its `schemas`, when set): tables created later included."""
+    listed = source.listed_tables
+    if listed is not None:
+        return list(listed)
     return [f"{s}.{t}" for s, t in conn.execute(
-        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2",
-        (source.publication,))]
+        "SELECT DISTINCT schemaname, tablename FROM pg_publication_tables WHERE pubname = ANY(%s) ORDER BY 1, 2",
+        (list(source.publications),)) if source.syncs(f"{s}.{t}")]
 
 
 def create_slot_with_snapshot(cfg: Config, source: SourceConfig, *, reason: str = "new source",

@@ -231,11 +231,11 @@ def _table_names(silver: DataFrame, src: SourceConfig, end: Lsn,
             else:
                 out.append((t[0], t[1]))
         return out
-    if src.tables:
-        return [tuple(t.split(".", 1)) for t in src.tables]  # type: ignore[misc]
+    if src.listed_tables:
+        return [tuple(t.split(".", 1)) for t in src.listed_tables]  # type: ignore[misc]
     rows = (silver.where(F.col("commit_lsn") <= int(end)).select("schema_name", "table_name").distinct()
             .orderBy("schema_name", "table_name").collect())
-    return [(r[0], r[1]) for r in rows]
+    return [(r[0], r[1]) for r in rows if src.syncs(f"{r[0]}.{r[1]}")]
 
 
 def _ensure_table(spark: SparkSession, path: str, schema: StructType) -> None:
@@ -296,7 +296,8 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         evo = plan_evolution(name, start, [(lsn, shape) for (lsn, _), shape in layouts], events,
                              mark=int(mark) if mark is not None else -1, on_drop_column=src.on_drop_column,
                              ddl_capture=captured)
-        plan = _unified_plan(name, evo, [shape for _, shape in layouts], src.delete_mode)
+        plan = _unified_plan(name, evo, [shape for _, shape in layouts], src.delete_mode,
+                             keyless_appends=src.keyless_appends(name))
         soft = plan.soft_delete
         wanted = _with_types(plan.gold_schema, evo)
         if exists:
@@ -329,8 +330,8 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
             else:
                 unapplied = typed.where(F.col("op").isin("U", "D")).count()
                 if unapplied:
-                    log.warning("%s has REPLICA IDENTITY NOTHING: %d update(s)/delete(s) up to %s cannot be applied",
-                                name, unapplied, end)
+                    log.warning("%s is merged insert-only (REPLICA IDENTITY NOTHING, or keyless): %d update(s)/"
+                                "delete(s) up to %s cannot be applied", name, unapplied, end)
                 source_df = typed.where(F.col("op") == "I").select(*_value_cols(plan), *_meta_cols())
         _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc)
     finally:
@@ -422,7 +423,8 @@ def _column_events(session: SparkSession, paths: LakePaths, schema: str, table: 
     return column_events(definitions, schema, table), captured
 
 
-def _unified_plan(name: str, evo: Evolution, shapes: list[TableShape], delete_mode: str) -> TablePlan:
+def _unified_plan(name: str, evo: Evolution, shapes: list[TableShape], delete_mode: str, *,
+                  keyless_appends: bool = False) -> TablePlan:
     """The plan over gold's columns after the run: type of the newest layout holding each column, its keys."""
     oids, mods = [], []
     for i in range(len(evo.columns)):
@@ -439,7 +441,7 @@ def _unified_plan(name: str, evo: Evolution, shapes: list[TableShape], delete_mo
     keys = tuple(gold_of[last.columns.index(k)] for k in last.key_columns)
     shape = TableShape(last.schema_name, last.table_name, evo.columns, tuple(oids), tuple(mods), keys,
                        last.replica_identity)
-    return plan_table(shape, delete_mode)
+    return plan_table(shape, delete_mode, keyless_appends=keyless_appends)
 
 
 def _with_types(schema: StructType, evo: Evolution) -> StructType:

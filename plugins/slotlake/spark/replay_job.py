@@ -135,14 +135,14 @@ def _tables(spark, cfg: Config, req: ReplayRequest, scratch_changes: str, runs_p
     if req.tables:
         return list(req.tables)
     src = cfg.source(req.source)
-    if src.tables:
-        return [tuple(t.split(".", 1)) for t in src.tables]  # type: ignore[misc]
+    if src.listed_tables:
+        return [tuple(t.split(".", 1)) for t in src.listed_tables]  # type: ignore[misc]
     names = {(r[0], r[1]) for r in spark.read.format("delta").load(scratch_changes)
              .select("schema_name", "table_name").distinct().collect()}
     if DeltaTable.isDeltaTable(spark, runs_path):
         names |= {(r[0], r[1]) for r in spark.read.format("delta").load(runs_path)
                   .select("schema_name", "table_name").distinct().collect()}
-    return sorted(names)
+    return sorted(n for n in names if src.syncs(f"{n[0]}.{n[1]}"))
 
 
 def _build(spark, cfg: Config, source: str, schema: str, table: str, base: tuple[Lsn, int] | None, gold: str,

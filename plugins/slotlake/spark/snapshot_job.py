@@ -93,7 +93,7 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
     shape = TableShape(schema, table, tuple(c["name"] for c in copy.columns),
                        tuple(int(c["type_oid"]) for c in copy.columns), tuple(int(c["typmod"]) for c in copy.columns),
                        tuple(c["name"] for c in copy.columns if c["is_key"]), copy.replica_identity)
-    plan = plan_table(shape, src.delete_mode)
+    plan = plan_table(shape, src.delete_mode, keyless_appends=src.keyless_appends(copy.table))
     files = part_paths(paths.root, copy)
     text_schema = StructType([StructField(f"c{i}", StringType()) for i in range(len(copy.columns))])
     raw = spark.read.schema(text_schema).parquet(*files)
@@ -146,7 +146,7 @@ def load_snapshots(spark: SparkSession, cfg: Config, source: str,
     src = cfg.source(source)
     if "://" in paths.root and not paths.root.startswith("file://"):
         return []  # copies live in bronze, which is local only: a lake on an object store holds none
-    names = list(tables or src.tables or _copied_tables(paths.root))
+    names = list(tables or src.listed_tables or [t for t in _copied_tables(paths.root) if src.syncs(t)])
     return [load_table(spark, cfg, source, c) for c in pending_loads(paths.root, names)]
 
 
