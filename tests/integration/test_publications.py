@@ -258,3 +258,46 @@ def test_insert_only_keyless_table_is_merged_as_appends(pg_db, tmp_path, spark):
          "UPDATE accounts SET balance = 9 WHERE id = 3")
     _sync(spark, cfg)
     assert _assert_equal(spark, cfg, pg_db, tables) == {"public.accounts": 10, "public.history": 2}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_insert_only_added_to_a_running_source(pg_db, tmp_path, spark):
+    """The insert-only publication is created after the slot: PostgreSQL up to 17 cannot decode the slot's older
+    changes with it, so the extract reads without it up to the point the preflight recorded; a transaction that
+    wrote to the table before the publication existed and commits while the preflight waits is in the copy."""
+    import threading
+
+    from slotlake.spark.decode_job import run_decode
+    from slotlake.spark.merge_job import run_merge
+
+    _sql(pg_db, HISTORY)
+    lake = tmp_path / "lake"
+    _sync(spark, _config(lake, pg_db, tables=["public.accounts"]))
+    _sql(pg_db, "UPDATE accounts SET balance = 1 WHERE id = 1", "INSERT INTO history VALUES (1, 1, 'unpublished')")
+    running = psycopg.connect(pg_db)
+    running.execute("INSERT INTO history VALUES (9, 9, 'open across the creation'), (9, 9, 'open across the creation')")
+    running.execute("UPDATE accounts SET balance = 2 WHERE id = 2")
+    timer = threading.Timer(2.0, running.commit)
+    timer.start()
+    cfg = _config(lake, pg_db, tables=["public.accounts"], insert_only=["public.history"])
+    src = cfg.source(SRC)
+    try:
+        run_preflight(cfg, src)  # creates the publication, waits for `running`, copies history
+    finally:
+        timer.join()
+        running.close()
+    root = LakePaths.of(cfg.lake, SRC).root
+    since = snap.publication_start(root, src.slot, src.insert_only_publication)
+    assert since is not None
+    _sql(pg_db, "INSERT INTO history VALUES (2, 2, 'published'), (2, 2, 'published')",
+         "UPDATE accounts SET balance = 3 WHERE id = 3")
+    result = extract(cfg, src)
+    assert result.end_lsn > since
+    run_decode(spark, cfg, SRC)
+    run_merge(spark, cfg, SRC)
+    tables = ["public.accounts", "public.history"]
+    assert _assert_equal(spark, cfg, pg_db, tables) == {"public.accounts": 10, "public.history": 7}
+    _sql(pg_db, "TRUNCATE history", "INSERT INTO history VALUES (4, 4, 'next'), (4, 4, 'next')")
+    _sync(spark, cfg)
+    assert _assert_equal(spark, cfg, pg_db, tables)["public.history"] == 2

@@ -40,6 +40,7 @@ from slotlake.errors import ExtractError, SlotLostError
 from slotlake.lsn import Lsn
 from slotlake.source.connection import connect, connect_bulk, resolve_dsn, scrub
 from slotlake.source.slot import advance_slot, current_flush_lsn, slot_info
+from slotlake.source.snapshot import publication_start
 
 log = logging.getLogger(__name__)
 
@@ -218,15 +219,21 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
         start_lsn = position
         files: list[str] = []
         rows = data_bytes = file_bytes = calls = 0
+        # An insert-only publication created after the slot is named only from where it can be decoded.
+        since = (publication_start(root, source.slot, source.insert_only_publication)
+                 if source.insert_only else None)
         with connect_bulk(source) as bulk:
             while position < upto and calls < settings.max_calls:
                 calls += 1
+                stop, publications = upto, source.publications
+                if since is not None and position < since:
+                    stop, publications = min(upto, since), (source.publication,)
                 flushed = current_flush_lsn(conn)
                 t0 = time.monotonic()
                 tmp = bronze.tmp_path(root, position)
                 try:
-                    call = _write_call(bulk, _peek_query(conn, source, upto, settings.upto_nchanges), str(tmp),
-                                       source, position, settings.batch_rows)
+                    call = _write_call(bulk, _peek_query(conn, source, stop, settings.upto_nchanges, publications),
+                                       str(tmp), source, position, settings.batch_rows)
                 except Exception as e:
                     tmp.unlink(missing_ok=True)  # never placed, so nothing was archived
                     raise ExtractError(f"extract {source.name}: peek on slot {source.slot} failed at {position}: "
@@ -237,11 +244,13 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
                     # Nothing published committed before upto_lsn: move the slot there anyway so it does not pin
                     # WAL on a busy server with quiet tables. Safe because the peek decoded everything up to
                     # min(upto, flush position before the peek), and found nothing to archive.
-                    idle_to = min(upto, flushed)
+                    idle_to = min(stop, flushed)
                     if idle_to > position:
                         position = advance_slot(conn, source.slot, idle_to)
                         log.info("extract %s: no changes up to %s; advanced slot %s to %s",
-                                 source.name, upto, source.slot, position)
+                                 source.name, stop, source.slot, position)
+                    if stop < upto and position >= stop:
+                        continue  # on with every publication
                     break
                 end = call.end_lsn
                 if end is None or call.open_transaction:
@@ -257,7 +266,7 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
                 # before it is in this file, so move on to there in the same advance (an advance re-reads WAL
                 # from restart_lsn, and a further empty call would decode it all again just to find nothing).
                 reached_upto = call.rows < settings.upto_nchanges
-                target = max(end, min(upto, flushed)) if reached_upto else end
+                target = max(end, min(stop, flushed)) if reached_upto else end
                 position = advance_slot(conn, source.slot, target)
                 if position < end:
                     raise ExtractError(f"extract {source.name}: slot {source.slot} advanced only to {position}, "
@@ -270,7 +279,7 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
                 log.info("extract %s: call %d: %d rows, %.1f MB in %.2f s (%.0f rows/s, %.1f MB/s), reached %s -> %s",
                          source.name, calls, call.rows, call.data_bytes / 1e6, secs, call.rows / secs,
                          call.data_bytes / 1e6 / secs, end, placed.name)
-                if reached_upto:
+                if reached_upto and not (stop < upto and position >= stop):
                     break
             if position < upto and calls >= settings.max_calls:
                 log.info("extract %s: stopped after max_calls=%d at %s (upto %s); the next run continues",

@@ -232,13 +232,17 @@ def _add_schemas(conn: psycopg.Connection, source: SourceConfig) -> None:
     log.info("source %s: added schema %s to publication %s", source.name, ", ".join(missing), pub)
 
 
-def _ensure_insert_only_publication(conn: psycopg.Connection, source: SourceConfig) -> bool:
+def _ensure_insert_only_publication(conn: psycopg.Connection, cfg: Config, source: SourceConfig) -> bool:
     """Create or complete `<publication>_insert_only` for the `insert_only` tables: it publishes inserts and
     truncates only, so PostgreSQL keeps accepting UPDATE and DELETE on keyless tables in it (a publication that
     publishes them makes PostgreSQL reject them). Returns whether it was created."""
     if not source.insert_only:
         return False
+    from slotlake.source import snapshot
+
     pub = source.insert_only_publication
+    root = f"{cfg.lake.rstrip('/')}/{source.name}"
+    slot_exists = slot_info(conn, source.slot) is not None
     row = conn.execute("SELECT pubupdate OR pubdelete, pubviaroot FROM pg_publication WHERE pubname = %s",
                        (pub,)).fetchone()
     if row is None:
@@ -253,6 +257,8 @@ def _ensure_insert_only_publication(conn: psycopg.Connection, source: SourceConf
             raise PreflightError(f"source {source.name}: publication {pub} (for sources.{source.name}.insert_only) "
                                  "must publish inserts and truncates only, under the partition root's name; "
                                  f"run: {stmt}")
+        if snapshot.publication_pending(root, source.slot, pub):
+            snapshot.record_publication_start(conn, root, source, pub)
         published = _publication(conn, pub)[1]
         missing = [t for t in source.insert_only if t not in published]
         if not missing:
@@ -260,11 +266,15 @@ def _ensure_insert_only_publication(conn: psycopg.Connection, source: SourceConf
         stmt = sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
             sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in missing))
         created = False
+    if created and slot_exists:
+        snapshot.mark_publication_pending(root, source.slot, pub)
     try:
         conn.execute(stmt)
     except psycopg.errors.InsufficientPrivilege as e:
         raise PreflightError(f"source {source.name}: cannot prepare publication {pub}: {e.diag.message_primary}; "
                              f"ask a table owner or superuser to run: {stmt.as_string(conn)}") from None
+    if created and slot_exists:
+        snapshot.record_publication_start(conn, root, source, pub)
     log.info("source %s: %s publication %s (inserts and truncates) for %s", source.name,
              "created" if created else "completed", pub, ", ".join(source.insert_only))
     return created
@@ -336,7 +346,7 @@ def run_preflight(cfg: Config, source: SourceConfig) -> PreflightReport:
             _table_info(conn, source, t, user, refuse_keyless=False)
         _check_schemas(conn, source, version)
         tables, pub_created, added, warnings = _ensure_publication(conn, source)
-        _ensure_insert_only_publication(conn, source)
+        _ensure_insert_only_publication(conn, cfg, source)
         tables = tables + [t for t in source.insert_only if t not in tables]
         infos = tuple(_table_info(conn, source, t, user, refuse_keyless=not source.keyless_appends(t))
                       for t in tables)

@@ -62,6 +62,7 @@ WORKERS_ENV = "SLOTLAKE_SNAPSHOT_WORKERS"
 PART_PAGES_ENV = "SLOTLAKE_SNAPSHOT_PART_PAGES"
 MANIFEST = "manifest.json"
 GENERATIONS = "_generations"
+PUBLICATIONS = "_publications"  # when a publication created after the slot may be read with it
 BARRIER_TIMEOUT_S = 600.0
 
 # Types whose cast to text is their output function (I/O conversion or binary-coercible text). Every other type
@@ -215,6 +216,60 @@ def _record_generation(lake_root: str, gen: Generation) -> None:
     path = snapshot_dir(lake_root) / GENERATIONS / f"{gen.consistent_point.hex16}.json"
     _write_atomic(path, json.dumps({"slot": gen.slot, "consistent_point": str(gen.consistent_point),
                                     "reason": gen.reason, "created_at": gen.created_at}, indent=1))
+
+
+def _publication_record(lake_root: str, publication: str) -> Path:
+    return snapshot_dir(lake_root) / PUBLICATIONS / f"{publication}.json"
+
+
+def publication_start(lake_root: str, slot: str, publication: str) -> Lsn | None:
+    """From which WAL position `slot` may be read with `publication` (None: from anywhere, it predates the slot).
+
+    A publication created after its slot cannot be named when the slot decodes changes from before it: up to
+    PostgreSQL 17 pgoutput stops with 'publication ... does not exist'. The extract reads up to this position
+    without it (`record_publication_start` says why nothing is lost). Raises PreflightError while the record is
+    unfinished (a preflight died while creating the publication; the next preflight finishes it)."""
+    path = _publication_record(lake_root, publication)
+    if not path.is_file():
+        return None
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    if doc["slot"] != slot:
+        return None
+    if doc["from_lsn"] is None:
+        raise PreflightError(f"publication {publication} was being created when a preflight stopped; run "
+                             "`slotlake sync` again (its preflight finishes it)")
+    return Lsn.parse(doc["from_lsn"])
+
+
+def publication_pending(lake_root: str, slot: str, publication: str) -> bool:
+    path = _publication_record(lake_root, publication)
+    if not path.is_file():
+        return False
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    return doc["slot"] == slot and doc["from_lsn"] is None
+
+
+def mark_publication_pending(lake_root: str, slot: str, publication: str) -> None:
+    """Written before a publication is created for an existing slot, so a crash in between is noticed."""
+    _write_atomic(_publication_record(lake_root, publication),
+                  json.dumps({"publication": publication, "slot": slot, "from_lsn": None}))
+
+
+def record_publication_start(conn: psycopg.Connection, lake_root: str, source: SourceConfig,
+                             publication: str, timeout: float = BARRIER_TIMEOUT_S) -> Lsn:
+    """After `publication` was created for an existing slot: wait until every transaction running now has
+    ended, then record the WAL insert position L. Every transaction whose changes began before the publication
+    existed has committed before L, so reading the slot without the publication up to L and with it from there
+    never meets a change pgoutput cannot decode. The tables only this publication carries are new to the source
+    and are copied afterwards (`copy_tables_now`, whose own barrier comes after L), so the changes read without
+    it up to L are in their copy."""
+    _publication_barrier(conn, source, timeout)
+    lsn = Lsn.parse(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+    _write_atomic(_publication_record(lake_root, publication),
+                  json.dumps({"publication": publication, "slot": source.slot, "from_lsn": str(lsn)}))
+    log.info("source %s: publication %s was created after slot %s: it is read from %s on", source.name,
+             publication, source.slot, lsn)
+    return lsn
 
 
 def table_copies(lake_root: str, table: str) -> list[TableCopy]:

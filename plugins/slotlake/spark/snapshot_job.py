@@ -151,7 +151,8 @@ def load_snapshots(spark: SparkSession, cfg: Config, source: str,
 
 
 def _copied_tables(lake_root: str) -> list[str]:
-    from slotlake.source.snapshot import GENERATIONS, snapshot_dir
+    from slotlake.source.snapshot import GENERATIONS, PUBLICATIONS, snapshot_dir
 
     folder = snapshot_dir(lake_root)
-    return sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name != GENERATIONS) if folder.is_dir() else []
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name not in (GENERATIONS, PUBLICATIONS)
+                  ) if folder.is_dir() else []
