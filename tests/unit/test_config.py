@@ -124,3 +124,11 @@ def test_snapshot_settings_default_and_set():
     assert parse_config(with_change("extract", {})).snapshot.workers == 2
     cfg = parse_config(with_change("snapshot", {"workers": 4, "part_pages": 1024}))
     assert (cfg.snapshot.workers, cfg.snapshot.part_pages) == (4, 1024)
+
+
+def test_lock_timeout_defaults_to_ten_minutes_and_must_be_whole_seconds():
+    assert parse_config(GOOD).source("shop").lock_timeout_s == 600
+    assert parse_config(with_change("sources.shop.lock_timeout_s", 0)).source("shop").lock_timeout_s == 0
+    for bad in (-1, 2.5, "10m", True):
+        with pytest.raises(ConfigError, match="sources.shop.lock_timeout_s: .* must be a whole number of seconds"):
+            parse_config(with_change("sources.shop.lock_timeout_s", bad))
