@@ -6,13 +6,20 @@ the last commit in the file), so lexical order is LSN order. A file is written u
 flushed, fsynced, renamed into place and the directory fsynced: a name without the dot is always complete.
 Files are never modified after placement. Bronze lives on the local filesystem (or a mount of it).
 
+Coverage markers (`bronze/_covered/<lsn.hex16>.json`): an extract that moves the slot past the end of its last
+bronze file (its peek found nothing more up to `upto_lsn`) first places a marker saying so, the same way as a
+bronze file. Every commit whose commit LSN is at most `covered_lsn()` is then in bronze, so a replay may end
+there. Markers hold no changes: crash recovery (`max_archived_end`) and decoding ignore them.
+
 `lake_root` everywhere in this module is the *source's* lake root, `<lake>/<source>` (`LakePaths.root`).
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from slotlake.errors import ExtractError
@@ -21,6 +28,8 @@ from slotlake.lsn import Lsn
 
 COLUMNS = ("lsn", "xid", "data", "ord")
 _NAME = re.compile(r"^([0-9A-F]{16})_([0-9A-F]{16})\.parquet$")
+_COVERED_DIR = "_covered"
+_COVERED_NAME = re.compile(r"^([0-9A-F]{16})\.json$")
 
 # Parquet key-value metadata keys.
 META_START = "slotlake.start_lsn"
@@ -129,3 +138,48 @@ def place(tmp: Path, start: Lsn, end: Lsn) -> BronzeFile:
     os.rename(tmp, final)
     _fsync_dir(tmp.parent)
     return BronzeFile(start_lsn=start, end_lsn=end, path=str(final))
+
+
+# ---- coverage markers ----------------------------------------------------------------------------------------
+
+def covered_dir(lake_root: str) -> Path:
+    return bronze_dir(lake_root) / _COVERED_DIR
+
+
+def list_covered(lake_root: str) -> list[Lsn]:
+    """The LSNs of the placed coverage markers, ascending (hidden `.tmp` files ignored)."""
+    folder = covered_dir(lake_root)
+    if not folder.is_dir():
+        return []
+    return sorted(Lsn(int(m.group(1), 16)) for m in (_COVERED_NAME.match(e.name) for e in os.scandir(folder)) if m)
+
+
+def covered_lsn(lake_root: str) -> Lsn | None:
+    """How far bronze covers the WAL: every commit with commit LSN <= this is archived. The greater of the newest
+    bronze file's end and the newest coverage marker; None when neither exists."""
+    ends = [x for x in (max_archived_end(lake_root), max(list_covered(lake_root), default=None)) if x is not None]
+    return max(ends) if ends else None
+
+
+def place_covered(lake_root: str, covered: Lsn, *, slot: str, upto: Lsn) -> Path:
+    """Durably record that every commit up to `covered` is archived (call only once the bronze files holding them
+    are placed, and before the slot moves past them): written hidden, fsynced, renamed, folder fsynced.
+
+    Older markers are then removed: the newest says all they said. A crash before that leaves them; harmless."""
+    folder = covered_dir(lake_root)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"{covered.hex16}.json"
+    if not final.exists():
+        tmp = folder / f".{covered.hex16}.json.tmp"
+        body = {"format": 1, "covered_lsn": str(covered), "upto_lsn": str(upto), "slot": slot,
+                "written_at": datetime.now(timezone.utc).isoformat()}
+        with open(tmp, "w") as f:
+            json.dump(body, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, final)
+        _fsync_dir(folder)
+    for older in list_covered(lake_root):
+        if older < covered:
+            (folder / f"{older.hex16}.json").unlink(missing_ok=True)
+    return final

@@ -117,12 +117,14 @@ def run_status(cfg: Config, args: argparse.Namespace) -> int:
 
 def run_resync(cfg: Config, args: argparse.Namespace) -> int:
     from slotlake.pipeline import plain
+    from slotlake.source.lock import source_lock
     from slotlake.source.snapshot import resync
     from slotlake.spark.submit import run_spark_app, spark_app
 
-    report = resync(cfg, cfg.source(args.source))
-    # Rebuild gold now (each table replaced in a new Delta version; earlier versions stay for time travel).
-    run_spark_app(spark_app(cfg, args.source, "snapshot"))
+    with source_lock(cfg.source(args.source), "resync"):
+        report = resync(cfg, cfg.source(args.source))
+        # Rebuild gold now (each table replaced in a new Delta version; earlier versions stay for time travel).
+        run_spark_app(spark_app(cfg, args.source, "snapshot"))
     if args.json:
         print(json.dumps(plain(report), indent=2))
     else:

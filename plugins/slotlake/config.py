@@ -80,6 +80,7 @@ class SourceConfig:
     on_drop_column: str = "keep"  # keep | drop: what gold does with a column dropped in the source
     schemas: tuple[str, ...] | None = None  # instead of tables: the publication is FOR TABLES IN SCHEMA these
     insert_only: tuple[str, ...] = ()  # keyless append-only tables, published for insert and truncate only
+    lock_timeout_s: int = 600  # how long a run waits for another run of the source to finish (0: not at all)
 
     def lake_path(self, lake: str) -> str:
         return f"{lake.rstrip('/')}/{self.name}"
@@ -142,7 +143,7 @@ _SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit"}
 _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_mb"}
 _SNAPSHOT_KEYS = {"workers", "part_pages"}
 _SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
-                "start_date", "on_bad_value", "on_drop_column", "schemas", "insert_only"}
+                "start_date", "on_bad_value", "on_drop_column", "schemas", "insert_only", "lock_timeout_s"}
 
 
 def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
@@ -255,10 +256,14 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
     if on_drop_column not in ("keep", "drop"):
         raise ConfigError(f"{where}.on_drop_column: {on_drop_column!r} must be keep (the gold column stays, NULL "
                           "from the drop on) or drop (the gold column is dropped with its data)")
+    lock_timeout_s = raw.get("lock_timeout_s", 600)
+    if not isinstance(lock_timeout_s, int) or isinstance(lock_timeout_s, bool) or lock_timeout_s < 0:
+        raise ConfigError(f"{where}.lock_timeout_s: {lock_timeout_s!r} must be a whole number of seconds >= 0 (how "
+                          "long a run waits for another run of the source; 0: fail at once)")
     return SourceConfig(name=name, dsn=dsn, conn_id=conn_id, slot=slot, publication=publication, tables=tables,
                         schedule=schedule, delete_mode=delete_mode, history=history, start_date=start_date,
                         on_bad_value=on_bad_value, on_drop_column=on_drop_column, schemas=schemas,
-                        insert_only=tuple(insert_only))
+                        insert_only=tuple(insert_only), lock_timeout_s=lock_timeout_s)
 
 
 def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = None) -> Config:

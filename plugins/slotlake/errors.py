@@ -31,3 +31,7 @@ class MergeError(SlotlakeError):
 
 class SnapshotError(SlotlakeError):
     """The initial copy of a table (or a resync) failed; the message names the table and the reason."""
+
+
+class SourceBusyError(SlotlakeError):
+    """Another run holds the source's run lock (see slotlake.source.lock); the message names it."""

@@ -100,19 +100,23 @@ def lake_versions(cfg: Config, source_name: str) -> dict[str, Any]:
 
 def task_preflight(cfg: Config, source_name: str) -> dict[str, Any]:
     """Check the source is ready (creates the publication/slot when missing); fails fast with the fix to apply."""
+    from slotlake.source.lock import source_lock
     from slotlake.source.preflight import run_preflight
 
-    report = run_preflight(cfg, cfg.source(source_name))
+    with source_lock(cfg.source(source_name), "preflight"):
+        report = run_preflight(cfg, cfg.source(source_name))
     return plain(report)
 
 
 def task_extract(cfg: Config, source_name: str) -> dict[str, Any]:
     """Archive the slot's changes into bronze and advance the slot. Returns what the report needs."""
     from slotlake.source.extract import extract
+    from slotlake.source.lock import source_lock
 
-    before = lake_versions(cfg, source_name)
-    started = time.time()
-    result = extract(cfg, cfg.source(source_name))
+    with source_lock(cfg.source(source_name), "extract"):
+        before = lake_versions(cfg, source_name)
+        started = time.time()
+        result = extract(cfg, cfg.source(source_name))
     out = plain(result)
     out["files"] = len(result.files)  # the names can be many; XCom keeps small values
     out["lake_versions"] = before
@@ -211,8 +215,12 @@ def task_decode_and_merge(cfg: Config, source_name: str) -> None:
 
 def sync(cfg: Config, source_name: str) -> SyncReport:
     """Bring one source's lake up to date: the same steps, in the same order, as the sync DAG (its decode and
-    merge tasks run here as one Spark application)."""
-    task_preflight(cfg, source_name)
-    extracted = task_extract(cfg, source_name)
-    task_decode_and_merge(cfg, source_name)
+    merge tasks run here as one Spark application). Holds the source's run lock throughout (the Spark app runs
+    under it), so another run of the source waits or stops with the holder named (`slotlake.source.lock`)."""
+    from slotlake.source.lock import source_lock
+
+    with source_lock(cfg.source(source_name), "sync"):
+        task_preflight(cfg, source_name)
+        extracted = task_extract(cfg, source_name)
+        task_decode_and_merge(cfg, source_name)
     return build_report(cfg, source_name, extracted)

@@ -95,11 +95,18 @@ def request(source: str, from_: str, to: str, tables: Sequence[str] | None = Non
 
 def replay(cfg: Config, source: str, from_: str, to: str, tables: Sequence[str] | None = None,
            dest: str | None = None) -> ReplayRequest:
-    """Run the replay Spark app for `source` (spark-submit, as every slotlake stage); raises on failure."""
+    """Run the replay Spark app for `source` (spark-submit, as every slotlake stage); raises on failure.
+
+    An in-place replay rewrites silver and gold, so it holds the source's run lock (`slotlake.source.lock`); a
+    `--dest` replay only reads the lake and runs alongside syncs."""
+    from contextlib import nullcontext
+
+    from slotlake.source.lock import source_lock
     from slotlake.spark.submit import run_spark_app, spark_app
 
     req = request(source, from_, to, tables, dest)
     cfg.source(source)
     app = spark_app(cfg, source, "replay")  # spark_apps/replay.py
-    run_spark_app(dataclasses.replace(app, args=(*app.args, *req.args())))
+    with source_lock(cfg.source(source), "replay") if req.dest is None else nullcontext():
+        run_spark_app(dataclasses.replace(app, args=(*app.args, *req.args())))
     return req

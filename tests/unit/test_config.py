@@ -183,3 +183,11 @@ def test_insert_only_publication_name_must_fit():
     raw["sources"]["shop"]["insert_only"] = ["public.h"]
     with pytest.raises(ConfigError, match=r"sources.shop.publication: .* too long to name the insert-only publication"):
         parse_config(raw)
+
+
+def test_lock_timeout_defaults_to_ten_minutes_and_must_be_whole_seconds():
+    assert parse_config(GOOD).source("shop").lock_timeout_s == 600
+    assert parse_config(with_change("sources.shop.lock_timeout_s", 0)).source("shop").lock_timeout_s == 0
+    for bad in (-1, 2.5, "10m", True):
+        with pytest.raises(ConfigError, match="sources.shop.lock_timeout_s: .* must be a whole number of seconds"):
+            parse_config(with_change("sources.shop.lock_timeout_s", bad))

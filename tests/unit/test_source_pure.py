@@ -76,6 +76,28 @@ def test_place_refuses_to_overwrite(tmp_path):
         bronze.place(bronze.tmp_path(root, Lsn(1)), Lsn(1), Lsn(2))
 
 
+def test_coverage_markers_extend_bronze_but_not_its_files(tmp_path):
+    root = str(tmp_path / "shop")
+    assert bronze.covered_lsn(root) is None
+    bronze.tmp_path(root, Lsn(0x10)).write_bytes(b"x")
+    bronze.place(bronze.tmp_path(root, Lsn(0x10)), Lsn(0x10), Lsn(0x20))
+    assert bronze.covered_lsn(root) == Lsn(0x20)
+    for covered in (0x30, 0x50, 0x50):  # a repeat (a run retried after a crash) is the same marker
+        bronze.place_covered(root, Lsn(covered), slot="slotlake_shop", upto=Lsn(0x60))
+    assert bronze.list_covered(root) == [Lsn(0x50)]  # the newest says all the older ones said
+    assert bronze.covered_lsn(root) == Lsn(0x50)
+    # the marker is not a bronze file: listing, crash recovery and abandoned-file cleanup do not see it
+    assert [f.end_lsn for f in bronze.list_bronze(root)] == [Lsn(0x20)]
+    assert bronze.max_archived_end(root) == Lsn(0x20)
+    assert bronze.remove_abandoned(root) == []
+    # a later bronze file past the marker covers further
+    bronze.tmp_path(root, Lsn(0x50)).write_bytes(b"x")
+    bronze.place(bronze.tmp_path(root, Lsn(0x50)), Lsn(0x50), Lsn(0x70))
+    assert bronze.covered_lsn(root) == Lsn(0x70)
+    (bronze.covered_dir(root) / ".0000000000000080.json.tmp").write_text("{")  # a write that died
+    assert bronze.covered_lsn(root) == Lsn(0x70)
+
+
 def test_bronze_must_be_local():
     with pytest.raises(ExtractError, match="local filesystem"):
         bronze.bronze_dir("s3a://bucket/lake/shop")

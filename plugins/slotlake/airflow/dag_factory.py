@@ -6,9 +6,11 @@ Python tasks calling `slotlake.pipeline`; decode and merge are `SparkSubmitOpera
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
@@ -17,7 +19,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, task
 
 from slotlake import pipeline
 from slotlake.airflow.replay_dag import build_replay_dag
-from slotlake.config import Config
+from slotlake.config import Config, SourceConfig
 from slotlake.spark.submit import SparkApp, code_zip, spark_app
 
 log = logging.getLogger(__name__)
@@ -44,8 +46,38 @@ def _ship_code(context: Mapping[str, Any]) -> None:
     context["task"].py_files = code_zip()
 
 
-def spark_submit_task(app: SparkApp, task_id: str, conn_id: str) -> SparkSubmitOperator:
-    """A SparkSubmitOperator running `app` exactly as `slotlake.spark.submit.run_spark_app` would."""
+_HELD: dict[tuple[str, str], ExitStack] = {}  # (run_id, task_id) -> the run lock a SparkSubmit task holds
+
+
+def _replay_to_dest(args: list[str]) -> bool:
+    """A `--dest` replay only reads the lake: it runs without the source's run lock."""
+    return "--dest" in args[:-1] and bool(args[args.index("--dest") + 1].strip())
+
+
+def _take_lock(source: SourceConfig, ship_code: bool, context: Mapping[str, Any]) -> None:
+    # pre_execute: the task's own process holds the source's run lock while spark-submit runs, as the CLI does
+    # around its Spark apps; released by post_execute / on_failure_callback (or by PostgreSQL if the process dies).
+    from slotlake.source.lock import source_lock
+
+    task = context["task"]
+    if ship_code:
+        _ship_code(context)
+    if _replay_to_dest(list(task.application_args or [])):
+        return
+    stack = ExitStack()
+    stack.enter_context(source_lock(source, task.task_id))
+    _HELD[(str(context.get("run_id")), task.task_id)] = stack
+
+
+def _release_lock(context: Mapping[str, Any], *_: Any) -> None:
+    stack = _HELD.pop((str(context.get("run_id")), context["task"].task_id), None)
+    if stack is not None:
+        stack.close()
+
+
+def spark_submit_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig) -> SparkSubmitOperator:
+    """A SparkSubmitOperator running `app` exactly as `slotlake.spark.submit.run_spark_app` would, holding the
+    source's run lock (`slotlake.source.lock`) while it runs."""
     return SparkSubmitOperator(
         task_id=task_id,
         application=app.application,
@@ -55,7 +87,9 @@ def spark_submit_task(app: SparkApp, task_id: str, conn_id: str) -> SparkSubmitO
         name=app.name,
         env_vars=dict(app.env),
         spark_binary=app.spark_submit,
-        pre_execute=_ship_code if app.ship_code else None,
+        pre_execute=functools.partial(_take_lock, source, app.ship_code),
+        post_execute=_release_lock,
+        on_failure_callback=_release_lock,
     )
 
 
@@ -102,8 +136,8 @@ def build_sync_dag(cfg: Config, source_name: str) -> DAG:
         def report(extracted: dict[str, Any]) -> dict[str, Any]:
             return pipeline.task_report(cfg, source_name, extracted)
 
-        decode = spark_submit_task(spark_app(cfg, source_name, "decode"), "decode", conn_id)
-        merge = spark_submit_task(spark_app(cfg, source_name, "merge"), "merge", conn_id)
+        decode = spark_submit_task(spark_app(cfg, source_name, "decode"), "decode", conn_id, source)
+        merge = spark_submit_task(spark_app(cfg, source_name, "merge"), "merge", conn_id, source)
         extracted = extract()
         done = report(extracted)
         preflight() >> extracted >> decode >> merge >> done

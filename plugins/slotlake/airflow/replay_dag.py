@@ -54,5 +54,5 @@ def build_replay_dag(cfg: Config, source_name: str) -> DAG:
             if dag_run is not None and str(dag_run.run_type).lower().endswith("scheduled"):
                 raise AirflowSkipException("scheduled run: slotlake_replay runs only as a backfill or manual run")
 
-        gate() >> spark_submit_task(app, "replay", spark_conn_id(cfg))
+        gate() >> spark_submit_task(app, "replay", spark_conn_id(cfg), cfg.source(source_name))
     return dag

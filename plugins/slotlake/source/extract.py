@@ -10,7 +10,9 @@ One run:
      file, the end LSN taken from the last Commit frame, the file placed atomically, and only then the slot
      advanced to that end LSN (invariant 1: never past what is durable). A call that returned fewer rows than
      `upto_nchanges` decoded everything up to `upto_lsn`, so the slot goes straight there and the run ends; a
-     run with nothing to archive moves the slot to `upto_lsn` too, so quiet publications never pin WAL.
+     run with nothing to archive moves the slot to `upto_lsn` too, so quiet publications never pin WAL. Before
+     the slot moves past the end of the last bronze file, a coverage marker records that position
+     (`bronze.place_covered`), so a replay can end anywhere the slot has passed.
 
 pgoutput without streaming emits a transaction whole when its commit is decoded, and a peek call stops only
 after a whole WAL record, so each call's output is whole transactions. The one thing that may follow the last
@@ -246,6 +248,9 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
                     # min(upto, flush position before the peek), and found nothing to archive.
                     idle_to = min(stop, flushed)
                     if idle_to > position:
+                        # Recorded before the slot moves, so replays may end here (invariant 1: the record
+                        # never claims more than is durable; bronze already holds everything before it).
+                        bronze.place_covered(root, idle_to, slot=source.slot, upto=upto)
                         position = advance_slot(conn, source.slot, idle_to)
                         log.info("extract %s: no changes up to %s; advanced slot %s to %s",
                                  source.name, stop, source.slot, position)
@@ -267,6 +272,8 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
                 # from restart_lsn, and a further empty call would decode it all again just to find nothing).
                 reached_upto = call.rows < settings.upto_nchanges
                 target = max(end, min(stop, flushed)) if reached_upto else end
+                if target > end:  # the file is durable; record the coverage past it before the slot moves there
+                    bronze.place_covered(root, target, slot=source.slot, upto=upto)
                 position = advance_slot(conn, source.slot, target)
                 if position < end:
                     raise ExtractError(f"extract {source.name}: slot {source.slot} advanced only to {position}, "

@@ -15,7 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from slotlake.bronze import list_bronze
+from slotlake.bronze import covered_lsn, max_archived_end
 from slotlake.config import Config
 from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths
@@ -172,14 +172,16 @@ def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
     if silver_end is None:
         raise ReplayError(f"replay {source}: nothing is decoded yet ({paths.changes}); run `slotlake sync {source}`")
     frm, to = resolve(spark, paths.changes, req.from_), resolve(spark, paths.changes, req.to)
-    files = list_bronze(paths.root)
-    archived = files[-1].end_lsn if files else None
+    # Bronze covers every commit up to `covered`: its last file's end, or further where an extract found
+    # nothing more and recorded how far it looked (a coverage marker).
+    covered = covered_lsn(paths.root)
     if frm > to:
         raise ReplayError(f"replay {source}: --from resolves to {frm}, after --to ({to})")
-    if archived is None or to > archived:
+    if covered is None or to > covered:
         raise ReplayError(f"replay {source}: --to {format_point(req.to)} ({to}) is past what bronze holds "
-                          f"({archived}); run `slotlake sync {source}` first or choose an earlier --to")
-    if req.dest is None and to > silver_end:
+                          f"({covered}); run `slotlake sync {source}` first or choose an earlier --to")
+    if req.dest is None and to > silver_end and silver_end != max_archived_end(paths.root):
+        # (silver at bronze's last file: every commit up to `covered` is decoded)
         raise ReplayError(f"replay {source}: --to {to} is past silver ({silver_end}); decode first (slotlake sync)")
     scratch = f"{paths.root}/_replay/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
     scratch_changes = f"{scratch}/changes"
