@@ -8,6 +8,8 @@ rows marked `_slotlake_deleted` (delete_mode soft) are left out. Column sets mus
 
 Where the PostgreSQL type has a natural Spark type, the gold value's Python type is checked too (an int column
 stored as text fails even if the text matches). Other types compare through PostgreSQL's text form.
+`numeric_text` names the numeric columns gold keeps as text (`numeric.unconstrained: string`): those must be
+strings in gold, equal to PostgreSQL's own text character for character (`1.50` is not `1.5`; NaN, Infinity).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import decimal
 import json
 import math
 import uuid
-from typing import Any
+from typing import Any, Collection
 
 import psycopg
 
@@ -87,15 +89,26 @@ def pg_columns(conn: psycopg.Connection, table: str) -> list[tuple[str, str]]:
     return [(r[0], r[1]) for r in rows]
 
 
-def pg_rows(dsn: str, table: str) -> tuple[list[tuple[str, str]], list[tuple]]:
+def pg_rows(dsn: str, table: str, numeric_text: Collection[str] = ()) -> tuple[list[tuple[str, str]], list[tuple]]:
     with psycopg.connect(dsn, options="-c TimeZone=UTC -c extra_float_digits=3 -c IntervalStyle=iso_8601 "
                                       "-c DateStyle=ISO") as conn:
         cols = pg_columns(conn, table)
+        types = dict(cols)
+        for c in numeric_text:
+            assert types.get(c) in ("numeric", "_numeric"), f"{table}.{c} is not a numeric column: {types.get(c)}"
+
         # Typed where the PostgreSQL type has a natural Spark type (arrays of those too); otherwise the type's
-        # output function (format %s), which is exactly the text pgoutput sends.
+        # output function (format %s), which is exactly the text pgoutput sends. `numeric_text` columns: numeric's
+        # output function too (numeric::text is it; numeric[]::text[] applies it to each element).
         # (format('%s', NULL) is '', so NULL stays NULL through a CASE)
-        select = ", ".join(f'"{c}"' if _typed(t) else f"CASE WHEN \"{c}\" IS NOT NULL THEN format('%s', \"{c}\") END"
-                           for c, t in cols)
+        def expr(c: str, t: str) -> str:
+            if c in numeric_text:
+                return f'"{c}"::text' + ("[]" if t.startswith("_") else "")
+            if _typed(t):
+                return f'"{c}"'
+            return f"CASE WHEN \"{c}\" IS NOT NULL THEN format('%s', \"{c}\") END"
+
+        select = ", ".join(expr(c, t) for c, t in cols)
         schema, _, name = table.partition(".")
         rows = conn.execute(f'SELECT {select} FROM "{schema}"."{name}"').fetchall()
     return cols, rows
@@ -110,20 +123,25 @@ def gold_rows(spark: Any, gold_path: str) -> tuple[list[str], list[dict[str, Any
     return data, df.select(*data).toArrow().to_pylist()
 
 
-def assert_gold_equals_pg(spark: Any | None, gold_path: str, dsn: str, table: str) -> int:
-    """Assert gold == PostgreSQL for `table` (schema.table); returns the row count compared."""
+def assert_gold_equals_pg(spark: Any | None, gold_path: str, dsn: str, table: str, *,
+                          numeric_text: Collection[str] = ()) -> int:
+    """Assert gold == PostgreSQL for `table` (schema.table); returns the row count compared. `numeric_text`: the
+    numeric columns gold must hold as PostgreSQL's exact text (numeric.unconstrained: string)."""
     if spark is None:
         from slotlake.spark.session import get_spark
 
         spark = get_spark("slotlake-oracle", "local[2]")
-    cols, want_rows = pg_rows(dsn, table)
+    cols, want_rows = pg_rows(dsn, table, numeric_text)
     gold_cols, got_rows = gold_rows(spark, gold_path)
     assert sorted(gold_cols) == sorted(c for c, _ in cols), (
         f"{table}: gold columns {sorted(gold_cols)} != PostgreSQL columns {sorted(c for c, _ in cols)}")
     for row in got_rows:
         for c, t in cols:
             v = row[c]
-            if v is not None and t.startswith("_") and _typed(t):
+            if v is not None and c in numeric_text:
+                assert isinstance(v, str) or (isinstance(v, list) and all(isinstance(e, (str, type(None))) for e in v)), (
+                    f"{table}.{c}: numeric kept as text landed in gold as {type(v).__name__} ({v!r})")
+            elif v is not None and t.startswith("_") and _typed(t):
                 assert isinstance(v, list), f"{table}.{c}: PostgreSQL array {t} landed in gold as {type(v).__name__}"
             elif v is not None and t in _TYPED:
                 assert isinstance(v, _TYPED[t]) and not (t != "bool" and isinstance(v, bool)), (

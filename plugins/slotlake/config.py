@@ -12,6 +12,7 @@
         schedule: "0 * * * *"
         delete_mode: hard
         history: false
+        numeric: {unconstrained: decimal}   # or string; per table/column: tables: {public.t: {columns: {c: string}}}
 """
 from __future__ import annotations
 
@@ -64,6 +65,33 @@ class SparkSettings:
     spark_submit: str | None = None  # path to spark-submit; default: the one in this Python env
 
 
+NUMERIC_MODES = ("decimal", "string")
+
+
+@dataclass(frozen=True)
+class TableNumeric:
+    """A table's override of `numeric.unconstrained` (None: the source's), and per-column ones."""
+
+    unconstrained: str | None = None
+    columns: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NumericSettings:
+    """How a `numeric` column without precision lands in gold: `decimal` (decimal(38,18); a value that does not
+    fit is NULL in gold and quarantined) or `string` (PostgreSQL's text: every digit, NaN, Infinity)."""
+
+    unconstrained: str = "decimal"
+    tables: Mapping[str, TableNumeric] = field(default_factory=dict)
+
+    def unconstrained_for(self, table: str, column: str) -> str:
+        """The mode of `column` of `table` ("schema.table"): the column's entry, else the table's, else the source's."""
+        t = self.tables.get(table)
+        if t is None:
+            return self.unconstrained
+        return t.columns.get(column, t.unconstrained or self.unconstrained)
+
+
 @dataclass(frozen=True)
 class SourceConfig:
     name: str
@@ -81,6 +109,7 @@ class SourceConfig:
     schemas: tuple[str, ...] | None = None  # instead of tables: the publication is FOR TABLES IN SCHEMA these
     insert_only: tuple[str, ...] = ()  # keyless append-only tables, published for insert and truncate only
     lock_timeout_s: int = 600  # how long a run waits for another run of the source to finish (0: not at all)
+    numeric: NumericSettings = NumericSettings()
 
     def lake_path(self, lake: str) -> str:
         return f"{lake.rstrip('/')}/{self.name}"
@@ -143,7 +172,10 @@ _SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit"}
 _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_mb"}
 _SNAPSHOT_KEYS = {"workers", "part_pages"}
 _SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
-                "start_date", "on_bad_value", "on_drop_column", "schemas", "insert_only", "lock_timeout_s"}
+                "start_date", "on_bad_value", "on_drop_column", "schemas", "insert_only", "lock_timeout_s",
+                "numeric"}
+_NUMERIC_KEYS = {"unconstrained", "tables"}
+_NUMERIC_TABLE_KEYS = {"unconstrained", "columns"}
 
 
 def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
@@ -179,6 +211,50 @@ def _parse_table(name: Any, where: str) -> str:
         if not _IDENT.match(part):
             raise ConfigError(f"{where}: {name!r}: {part!r} is not a plain identifier (quoted names are not supported)")
     return name
+
+
+def _numeric_mode(value: Any, where: str) -> str:
+    if value not in NUMERIC_MODES:
+        raise ConfigError(f"{where}: {value!r} must be decimal (decimal(38,18), values that do not fit go to "
+                          "_quarantine) or string (PostgreSQL's text: every digit, NaN, Infinity)")
+    return value
+
+
+def _parse_numeric(raw: Any, where: str, tables: tuple[str, ...] | None) -> NumericSettings:
+    """`numeric: {unconstrained: M, tables: {schema.table: M | {unconstrained: M, columns: {col: M}}}}`."""
+    if raw is None:
+        return NumericSettings()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a mapping, e.g. {{unconstrained: string}}")
+    _unknown(set(raw), _NUMERIC_KEYS, where)
+    default = _numeric_mode(raw.get("unconstrained", "decimal"), f"{where}.unconstrained")
+    tables_raw = raw.get("tables") or {}
+    if not isinstance(tables_raw, Mapping):
+        raise ConfigError(f"{where}.tables: must be a mapping of schema.table to decimal, string or "
+                          "{unconstrained: ..., columns: {column: ...}}")
+    out: dict[str, TableNumeric] = {}
+    for tname, traw in tables_raw.items():
+        twhere = f"{where}.tables.{tname}"
+        tname = _parse_table(tname, f"{where}.tables")
+        if tables is not None and tname not in tables:
+            raise ConfigError(f"{twhere}: not one of the source's tables ({', '.join(tables)})")
+        if isinstance(traw, str):  # shorthand: the whole table
+            out[tname] = TableNumeric(_numeric_mode(traw, twhere))
+            continue
+        if not isinstance(traw, Mapping):
+            raise ConfigError(f"{twhere}: must be decimal, string or a mapping {{unconstrained: ..., columns: ...}}")
+        _unknown(set(traw), _NUMERIC_TABLE_KEYS, twhere)
+        mode = traw.get("unconstrained")
+        columns_raw = traw.get("columns") or {}
+        if not isinstance(columns_raw, Mapping):
+            raise ConfigError(f"{twhere}.columns: must be a mapping of column name to decimal or string")
+        columns = {}
+        for c, m in columns_raw.items():
+            if not isinstance(c, str) or not c:
+                raise ConfigError(f"{twhere}.columns: {c!r} is not a column name")
+            columns[c] = _numeric_mode(m, f"{twhere}.columns.{c}")
+        out[tname] = TableNumeric(None if mode is None else _numeric_mode(mode, f"{twhere}.unconstrained"), columns)
+    return NumericSettings(default, out)
 
 
 def _parse_source(name: str, raw: Any) -> SourceConfig:
@@ -260,10 +336,11 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
     if not isinstance(lock_timeout_s, int) or isinstance(lock_timeout_s, bool) or lock_timeout_s < 0:
         raise ConfigError(f"{where}.lock_timeout_s: {lock_timeout_s!r} must be a whole number of seconds >= 0 (how "
                           "long a run waits for another run of the source; 0: fail at once)")
+    numeric = _parse_numeric(raw.get("numeric"), f"{where}.numeric", tables)
     return SourceConfig(name=name, dsn=dsn, conn_id=conn_id, slot=slot, publication=publication, tables=tables,
                         schedule=schedule, delete_mode=delete_mode, history=history, start_date=start_date,
                         on_bad_value=on_bad_value, on_drop_column=on_drop_column, schemas=schemas,
-                        insert_only=tuple(insert_only), lock_timeout_s=lock_timeout_s)
+                        insert_only=tuple(insert_only), lock_timeout_s=lock_timeout_s, numeric=numeric)
 
 
 def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = None) -> Config:

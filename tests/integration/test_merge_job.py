@@ -436,3 +436,102 @@ def test_typed_values_of_every_family(spark):
         else:
             assert got == want, (oid, text, got)
         assert (row["r"] is not None) == bad, (oid, text, row["r"])
+
+
+# ---- numeric.unconstrained and the quarantine's row key (issue 8 item 5) ------------------------------------
+
+EXACT = ["1" + "0" * 40, "0.0000000000000000000001", "123456789012345678901234567890.123456789012345678901",
+         "-98765432109876543210987654321.5", "NaN", "Infinity", "-Infinity", "1.500", "0"]
+
+
+def test_unconstrained_numeric_as_string_keeps_the_text(spark):
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    from slotlake.decode.types import spark_type, typed_value
+    df = spark.createDataFrame([(t,) for t in EXACT] + [(None,)], "text string")
+    value, reason = typed_value(F.col("text"), NUMERIC, -1, "string")
+    assert spark_type(NUMERIC, -1, "string") == StringType()
+    got = [(r["v"], r["r"]) for r in df.select(value.alias("v"), reason.alias("r")).collect()]
+    assert got == [(t, None) for t in EXACT] + [(None, None)]
+    # the same texts as decimal(38,18): only the ones that fit, never rounded
+    value, reason = typed_value(F.col("text"), NUMERIC, -1, "decimal")
+    fits = {r["text"]: r["v"] for r in df.select("text", value.alias("v"), reason.alias("r")).collect()
+            if r["r"] is None and r["text"] is not None}
+    assert fits == {"1.500": decimal.Decimal("1.5"), "0": decimal.Decimal(0)}
+    arrays = spark.createDataFrame([("{1.5,NaN,0.0000000000000000000001}",)], "text string")
+    value, reason = typed_value(F.col("text"), 1231, -1, "string")
+    row = arrays.select(value.alias("v"), reason.alias("r")).collect()[0]
+    assert (list(row["v"]), row["r"]) == (["1.5", "NaN", "0.0000000000000000000001"], None)
+
+
+def test_string_numerics_through_insert_update_delete_and_a_numeric_key(spark, tmp_path):
+    lake = Lake(spark, tmp_path, numeric={"unconstrained": "string", "tables": {"public.fx": {"columns": {
+        "fee": "decimal"}}}})
+    t = Tbl("fx", (("k", NUMERIC, -1, True), ("rate", NUMERIC, -1, False), ("fee", NUMERIC, -1, False)))
+    lake.decode([t.ins(100, i, k, v, "1.25") for i, (k, v) in enumerate(zip(["1.0", "1.00", "-3", "NaN"], EXACT))],
+                150)
+    report = lake.merge()
+    assert report.quarantined == 0
+    from pyspark.sql.types import DecimalType, StringType
+    types = {f.name: f.dataType for f in spark.read.format("delta").load(lake.paths.gold("public", "fx")).schema}
+    assert (types["k"], types["rate"], types["fee"]) == (StringType(), StringType(), DecimalType(38, 18))
+    d = decimal.Decimal("1.25")
+    assert lake.gold(t) == sorted([("1.0", EXACT[0], d), ("1.00", EXACT[1], d), ("-3", EXACT[2], d),
+                                   ("NaN", EXACT[3], d)], key=repr)
+    # 1.0 and 1.00 are equal numerics but different values to pgoutput (a key change between them sends the old
+    # key): the text keys keep them apart exactly as PostgreSQL's replica identity does
+    lake.decode([t.upd(200, 0, "1.0", EXACT[4], "2"), t.upd(200, 1, "Infinity", EXACT[5], "3", old=("1.00", None, None)),
+                 t.dele(300, 0, "-3", None, None)], 350)
+    lake.merge()
+    assert lake.gold(t) == sorted([("1.0", EXACT[4], decimal.Decimal(2)), ("Infinity", EXACT[5], decimal.Decimal(3)),
+                                   ("NaN", EXACT[3], d)], key=repr)
+    # a fee that does not fit decimal(38,18) is still quarantined, with the row's key
+    lake.decode([t.upd(400, 0, "NaN", "7", "NaN")], 450)
+    assert lake.merge().quarantined == 1
+    q = [(r["column_name"], r["raw_value"], dict(r["row_key"])) for r in
+         spark.read.format("delta").load(lake.paths.quarantine).collect()]
+    assert q == [("fee", "NaN", {"k": "NaN"})]
+
+
+def test_quarantine_rows_carry_the_key_or_the_whole_row(lake):
+    keyed = Tbl("m", (("region", TEXT, -1, True), ("id", INT4, -1, True), ("amount", NUMERIC, -1, False)), ri="i")
+    full = Tbl("f", (("tag", TEXT, -1, True), ("amount", NUMERIC, -1, True), ("body", TEXT, -1, True)), ri="f")
+    lake.decode([keyed.ins(100, 0, "eu", "1", "1" + "0" * 40),
+                 keyed.ins(100, 1, "us", "1", "12.5"),
+                 keyed.upd(200, 0, "us", "1", "0.0000000000000000000001"),
+                 full.ins(200, 1, "x", "NaN", "big"),
+                 full.upd(300, 0, "x", "Infinity", None, old=("x", "NaN", "big"), unchanged=(2,))], 350)
+    report = lake.merge()
+    assert report.quarantined == 4
+    q = sorted((r["table_name"], r["raw_value"], r["commit_lsn"], tuple(sorted(r["row_key"].items())))
+               for r in lake.spark.read.format("delta").load(lake.paths.quarantine).collect())
+    assert q == [("f", "Infinity", 300, (("amount", "Infinity"), ("body", "big"), ("tag", "x"))),
+                 ("f", "NaN", 200, (("amount", "NaN"), ("body", "big"), ("tag", "x"))),
+                 ("m", "0.0000000000000000000001", 200, (("id", "1"), ("region", "us"))),
+                 ("m", "1" + "0" * 40, 100, (("id", "1"), ("region", "eu")))]
+    assert lake.gold(keyed) == [("eu", 1, None), ("us", 1, None)]
+
+
+def test_bad_value_error_names_the_row(spark, tmp_path):
+    lake = Lake(spark, tmp_path, on_bad_value="fail")
+    t = Tbl("m", (("id", INT4, -1, True), ("amount", NUMERIC, -1, False)))
+    lake.decode([t.ins(100, 0, "7", "NaN")], 150)
+    with pytest.raises(MergeError, match=r"public\.m: column amount value 'NaN' at LSN 0/64 \(xid 800, row \{'id': '7'\}\)"):
+        lake.merge()
+
+
+def test_a_quarantine_table_of_an_older_release_gets_the_row_key_column(lake):
+    from pyspark.sql.types import MapType, StringType
+
+    from slotlake.spark.merge_job import QUARANTINE_SCHEMA
+    old_schema = QUARANTINE_SCHEMA.__class__([f for f in QUARANTINE_SCHEMA.fields if f.name != "row_key"])
+    lake.spark.createDataFrame([("public", "m", "amount", NUMERIC, "NaN", "old reason", 50, 1, 0,
+                                 dt.datetime(2024, 1, 1))], old_schema).write.format("delta").save(lake.paths.quarantine)
+    t = Tbl("m", (("id", INT4, -1, True), ("amount", NUMERIC, -1, False)))
+    lake.decode([t.ins(100, 0, "2", "Infinity")], 150)
+    assert lake.merge().quarantined == 1
+    df = lake.spark.read.format("delta").load(lake.paths.quarantine)
+    assert df.schema["row_key"].dataType == MapType(StringType(), StringType())
+    rows = sorted((r["raw_value"], None if r["row_key"] is None else dict(r["row_key"])) for r in df.collect())
+    assert rows == [("Infinity", {"id": "2"}), ("NaN", None)]

@@ -75,11 +75,32 @@ def test_good_config_and_defaults(tmp_path):
         ("extract", {"upto_nchanges": 0}, "extract.upto_nchanges: must be a positive integer"),
         ("snapshot", {"workers": -1}, "snapshot.workers: must be a positive integer"),
         ("snapshot", {"parts": 4}, "snapshot.parts: unknown key; did you mean 'part_pages'"),
+        ("sources.shop.numeric", "string", "sources.shop.numeric: must be a mapping, e.g. {unconstrained: string}"),
+        ("sources.shop.numeric", {"unconstrained": "text"},
+         "sources.shop.numeric.unconstrained: 'text' must be decimal (decimal(38,18)"),
+        ("sources.shop.numeric", {"unconstrainted": "string"},
+         "sources.shop.numeric.unconstrainted: unknown key; did you mean 'unconstrained'"),
+        ("sources.shop.numeric", {"tables": ["public.orders"]}, "sources.shop.numeric.tables: must be a mapping"),
+        ("sources.shop.numeric", {"tables": {"orders": "string"}},
+         "sources.shop.numeric.tables: 'orders' must be written schema.table"),
+        ("sources.shop.numeric", {"tables": {"public.order": "string"}},
+         "sources.shop.numeric.tables.public.order: not one of the source's tables (public.orders, public.customers)"),
+        ("sources.shop.numeric", {"tables": {"public.orders": "float"}},
+         "sources.shop.numeric.tables.public.orders: 'float' must be decimal"),
+        ("sources.shop.numeric", {"tables": {"public.orders": {"column": {"a": "string"}}}},
+         "sources.shop.numeric.tables.public.orders.column: unknown key; did you mean 'columns'"),
+        ("sources.shop.numeric", {"tables": {"public.orders": {"columns": {"amount": "exact"}}}},
+         "sources.shop.numeric.tables.public.orders.columns.amount: 'exact' must be decimal"),
+        ("sources.shop.numeric", {"tables": {"public.orders": {"columns": ["amount"]}}},
+         "sources.shop.numeric.tables.public.orders.columns: must be a mapping of column name"),
     ],
     ids=["no-lake", "unknown-top-key", "misspelt-spark-key", "spark-conf-list", "no-sources", "bad-dsn-scheme",
          "dsn-and-conn-id", "bad-slot-name", "table-without-schema", "empty-tables", "duplicate-table",
          "bad-schedule", "bad-delete-mode", "history-not-bool", "bad-on-bad-value", "misspelt-source-key",
-         "shared-slot", "zero-upto-nchanges", "negative-snapshot-workers", "misspelt-snapshot-key"],
+         "shared-slot", "zero-upto-nchanges", "negative-snapshot-workers", "misspelt-snapshot-key",
+         "numeric-not-mapping", "numeric-bad-mode", "numeric-misspelt-key", "numeric-tables-list",
+         "numeric-table-without-schema", "numeric-table-not-synced", "numeric-table-bad-mode",
+         "numeric-table-misspelt-key", "numeric-column-bad-mode", "numeric-columns-list"],
 )
 def test_bad_config_names_the_key(path, value, fragment):
     with pytest.raises(ConfigError) as err:
@@ -191,3 +212,22 @@ def test_lock_timeout_defaults_to_ten_minutes_and_must_be_whole_seconds():
     for bad in (-1, 2.5, "10m", True):
         with pytest.raises(ConfigError, match="sources.shop.lock_timeout_s: .* must be a whole number of seconds"):
             parse_config(with_change("sources.shop.lock_timeout_s", bad))
+
+
+def test_numeric_setting_per_source_table_and_column():
+    assert parse_config(GOOD).source("shop").numeric.unconstrained_for("public.orders", "amount") == "decimal"
+    cfg = parse_config(with_change("sources.shop.numeric", {"unconstrained": "string", "tables": {
+        "public.orders": {"unconstrained": "decimal", "columns": {"amount": "string"}},
+        "public.customers": {"columns": {"credit": "decimal"}}}}))
+    numeric = cfg.source("shop").numeric
+    assert numeric.unconstrained_for("public.orders", "amount") == "string"  # the column's entry
+    assert numeric.unconstrained_for("public.orders", "fee") == "decimal"  # the table's
+    assert numeric.unconstrained_for("public.customers", "credit") == "decimal"
+    assert numeric.unconstrained_for("public.customers", "limit") == "string"  # the source's
+    assert numeric.unconstrained_for("public.other", "x") == "string"
+    short = parse_config(with_change("sources.shop.numeric", {"tables": {"public.orders": "string"}}))
+    assert short.source("shop").numeric.unconstrained_for("public.orders", "amount") == "string"
+    assert short.source("shop").numeric.unconstrained_for("public.customers", "amount") == "decimal"
+    # a source without a table list may name any table
+    assert parse_config(with_change("sources.crm.numeric", {"tables": {"sales.x": "string"}})) \
+        .source("crm").numeric.unconstrained_for("sales.x", "v") == "string"

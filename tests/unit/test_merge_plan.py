@@ -32,6 +32,17 @@ def test_plan_table_strategy(ri, keys, strategy, positions):
     assert (plan.strategy, plan.key_positions, plan.soft_delete) == (strategy, positions, False)
 
 
+def test_gold_schema_follows_the_columns_numeric_setting():
+    s = TableShape("public", "ledger", ("id", "amount", "fee", "price"), (23, 1700, 1700, 1700),
+                   (-1, -1, -1, ((12 << 16) | 2) + 4), ("id",), "d")
+    plan = plan_table(s, "hard", lambda c: "string" if c in ("amount", "price") else "decimal")
+    assert plan.unconstrained_numeric == ("decimal", "string", "decimal", "string")
+    types = {f.name: f.dataType for f in plan.gold_schema.fields}
+    assert types["amount"] == StringType() and types["fee"] == DecimalType(38, 18)
+    assert types["price"] == DecimalType(12, 2)  # a precision makes the setting irrelevant
+    assert {f.name: f.dataType for f in plan_table(s, "hard").gold_schema.fields}["amount"] == DecimalType(38, 18)
+
+
 @pytest.mark.parametrize("table_shape,message", [
     (shape("d", ()), "no key column"),
     (shape("d", ("nope",)), "key columns \\['nope'\\]"),

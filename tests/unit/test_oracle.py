@@ -20,3 +20,10 @@ def test_numeric_scale_does_not_matter():
     assert canonical(decimal.Decimal("1.500"), "numeric") == canonical(decimal.Decimal("1.5"), "numeric") == "1.5"
     assert canonical(decimal.Decimal("1E+3"), "numeric") == "1000"
     assert canonical(decimal.Decimal("0.000"), "numeric") == "0"
+
+
+def test_numeric_kept_as_text_compares_character_for_character():
+    # numeric.unconstrained: string keeps PostgreSQL's text; the oracle then compares texts, not values
+    assert canonical("1.50", "numeric") == "1.50" != canonical("1.5", "numeric")
+    assert canonical("NaN", "numeric") == "NaN" and canonical("-Infinity", "numeric") == "-Infinity"
+    assert canonical(["1.0", None, "NaN"], "_numeric") != canonical(["1.00", None, "NaN"], "_numeric")

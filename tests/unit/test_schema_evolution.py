@@ -145,3 +145,33 @@ def test_on_drop_column_config():
     base["sources"]["s"]["on_drop_column"] = "forget"
     with pytest.raises(ConfigError, match="sources.s.on_drop_column"):
         parse_config(base)
+
+
+NUMERIC = 1700
+
+
+def test_unconstrained_numeric_follows_the_setting_of_its_name():
+    layouts = [(100, shape(("id", INT4), ("amount", NUMERIC), ("fee", NUMERIC)))]
+    evo = plan_evolution("public.t", None, layouts, [], mark=-1,
+                         unconstrained_numeric=lambda c: "string" if c == "amount" else "decimal")
+    assert evo.types == (IntegerType(), StringType(), DecimalType(38, 18))
+
+
+@pytest.mark.parametrize("gold_type, mode", [(DecimalType(38, 18), "string"), (StringType(), "decimal")],
+                         ids=["decimal-to-string", "string-to-decimal"])
+def test_changing_the_numeric_setting_of_an_existing_gold_column_names_resync(gold_type, mode):
+    start = [("id", IntegerType()), ("amount", gold_type)]
+    with pytest.raises(MergeError) as err:
+        plan_evolution("public.t", start, [(100, shape(("id", INT4), ("amount", NUMERIC)))], [], mark=50,
+                       unconstrained_numeric=lambda c: mode)
+    msg = str(err.value)
+    assert f"public.t: column amount (numeric without precision) is {gold_type.simpleString()} in gold" in msg
+    assert f"numeric.unconstrained: {mode} maps it to" in msg and "slotlake resync <source>" in msg
+    assert "\n" not in msg
+
+
+def test_a_numeric_losing_its_precision_still_widens_in_decimal_mode():
+    # numeric(10,2) -> numeric: decimal(10,2) widens to decimal(38,18), as before the setting existed
+    evo = plan_evolution("public.t", [("id", IntegerType()), ("amount", DecimalType(10, 2))],
+                         [(100, shape(("id", INT4), ("amount", NUMERIC)))], [], mark=50)
+    assert evo.widen == (("amount", DecimalType(38, 18)),)

@@ -32,6 +32,23 @@ def test_spark_type(oid, typmod, want):
     assert spark_type(oid, typmod) == want
 
 
+@pytest.mark.parametrize("oid,typmod,mode,want", [
+    (1700, -1, "decimal", DecimalType(38, 18)), (1700, -1, "string", StringType()),
+    (1700, numeric(10, 2), "string", DecimalType(10, 2)), (1700, numeric(39, 2), "decimal", StringType()),
+    (1231, -1, "string", ArrayType(StringType())), (1231, -1, "decimal", ArrayType(DecimalType(38, 18))),
+    (1231, numeric(6, 1), "string", ArrayType(DecimalType(6, 1))), (23, -1, "string", IntegerType()),
+], ids=["unconstrained-decimal", "unconstrained-string", "constrained-ignores-mode", "over-38-is-text",
+        "array-string", "array-decimal", "constrained-array-ignores-mode", "not-numeric"])
+def test_spark_type_of_unconstrained_numeric(oid, typmod, mode, want):
+    """numeric.unconstrained changes only a numeric without precision (also as array element)."""
+    assert spark_type(oid, typmod, mode) == want
+
+
+def test_spark_type_rejects_an_unknown_numeric_mode():
+    with pytest.raises(ValueError, match="unconstrained_numeric must be 'decimal' or 'string'"):
+        spark_type(1700, -1, "text")
+
+
 @pytest.mark.parametrize("typmod,precision,scale", [
     (-1, None, None), (numeric(10, 2), 10, 2), (numeric(1000, 0), 1000, 0), (numeric(5, -2), 5, -2),
     (numeric(3, 5), 3, 5),

@@ -3,8 +3,9 @@
 Silver keeps every value as the text PostgreSQL produced (DateStyle=ISO, TimeZone=UTC, IntervalStyle=iso_8601,
 extra_float_digits=3, bytea_output=hex). Gold types them here. Two rules:
 
-* The Spark type depends on the column's type only (OID and typmod), never on the data seen so far, so a table's
-  gold schema is stable from its first row.
+* The Spark type depends on the column's type only (OID and typmod, and for an unconstrained `numeric` the
+  configured `numeric.unconstrained` of the column), never on the data seen so far, so a table's gold schema is
+  stable from its first row.
 * No silent loss: `typed_value` returns the typed value and a reason. The reason is non-null exactly when a
   non-null text cannot be held exactly by the Spark type (the value is then NULL and the caller quarantines the
   raw text). Nothing is ever rounded.
@@ -37,6 +38,8 @@ ARRAY_ELEMENT: dict[int, int] = {
 
 _INTS: dict[int, DataType] = {INT2: ShortType(), INT4: IntegerType(), INT8: LongType(), OID: LongType()}
 _UNCONSTRAINED_NUMERIC = DecimalType(38, 18)
+# numeric.unconstrained (config): how a numeric without precision lands in gold.
+DECIMAL, STRING = "decimal", "string"
 _MAX_SPARK_PRECISION = 38
 _VARHDRSZ = 4
 
@@ -71,10 +74,21 @@ def _numeric_decimal(typmod: int) -> DecimalType | None:
     return DecimalType(p, s) if p <= _MAX_SPARK_PRECISION else None
 
 
-def spark_type(type_oid: int, typmod: int) -> DataType:
-    """The gold Spark type of a PostgreSQL column type. Depends on (type_oid, typmod) only."""
+def _numeric_as_text(typmod: int, unconstrained_numeric: str) -> bool:
+    """True when a numeric(typmod) column is kept as PostgreSQL's text: precision over 38, or unconstrained with
+    `numeric.unconstrained: string`."""
+    if unconstrained_numeric not in (DECIMAL, STRING):
+        raise ValueError(f"unconstrained_numeric must be {DECIMAL!r} or {STRING!r}, got {unconstrained_numeric!r}")
+    if NumericTypmod.of(typmod).precision is None:
+        return unconstrained_numeric == STRING
+    return _numeric_decimal(typmod) is None
+
+
+def spark_type(type_oid: int, typmod: int, unconstrained_numeric: str = DECIMAL) -> DataType:
+    """The gold Spark type of a PostgreSQL column type. Depends on (type_oid, typmod) only, and for a `numeric`
+    without precision (also as array element) on the column's `numeric.unconstrained` (decimal | string)."""
     if type_oid in ARRAY_ELEMENT:
-        return ArrayType(spark_type(ARRAY_ELEMENT[type_oid], typmod), containsNull=True)
+        return ArrayType(spark_type(ARRAY_ELEMENT[type_oid], typmod, unconstrained_numeric), containsNull=True)
     if type_oid == BOOL:
         return BooleanType()
     if type_oid in _INTS:
@@ -84,7 +98,7 @@ def spark_type(type_oid: int, typmod: int) -> DataType:
     if type_oid == FLOAT8:
         return DoubleType()
     if type_oid == NUMERIC:
-        return _numeric_decimal(typmod) or StringType()
+        return StringType() if _numeric_as_text(typmod, unconstrained_numeric) else _numeric_decimal(typmod)
     if type_oid == BYTEA:
         return BinaryType()
     if type_oid == DATE:
@@ -107,10 +121,11 @@ def _cast_checked(text: Column, dtype: DataType, valid: Column, what: str) -> tu
     return value, _reason_when(text, value.isNull(), f"not a {what} Spark can hold exactly")
 
 
-def _numeric_value(text: Column, typmod: int) -> tuple[Column, Column]:
-    dtype = _numeric_decimal(typmod)
-    if dtype is None:  # precision > 38: kept as text, which is exact
+def _numeric_value(text: Column, typmod: int, unconstrained_numeric: str) -> tuple[Column, Column]:
+    if _numeric_as_text(typmod, unconstrained_numeric):
+        # PostgreSQL's text is exact: every digit, the scale it printed, NaN, Infinity, -Infinity.
         return text, F.lit(None).cast("string")
+    dtype = _numeric_decimal(typmod)
     special = text.isin("NaN", "Infinity", "-Infinity")
     if dtype == _UNCONSTRAINED_NUMERIC and NumericTypmod.of(typmod).precision is None:
         # Unconstrained numeric: anything with more than 20 integer digits or a non-zero digit past the 18th
@@ -126,8 +141,8 @@ def _numeric_value(text: Column, typmod: int) -> tuple[Column, Column]:
     return value, reason
 
 
-def _scalar_value(text: Column, type_oid: int, typmod: int) -> tuple[Column, Column]:
-    dtype = spark_type(type_oid, typmod)
+def _scalar_value(text: Column, type_oid: int, typmod: int, unconstrained_numeric: str) -> tuple[Column, Column]:
+    dtype = spark_type(type_oid, typmod, unconstrained_numeric)
     none = F.lit(None).cast("string")
     if type_oid == BOOL:
         value = F.when(text == "t", F.lit(True)).when(text == "f", F.lit(False))
@@ -138,7 +153,7 @@ def _scalar_value(text: Column, type_oid: int, typmod: int) -> tuple[Column, Col
         valid = text.rlike(r"^-?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$") | text.isin("NaN", "Infinity", "-Infinity")
         return _cast_checked(text, dtype, valid, dtype.simpleString())
     if type_oid == NUMERIC:
-        return _numeric_value(text, typmod)
+        return _numeric_value(text, typmod, unconstrained_numeric)
     if type_oid == BYTEA:
         valid = text.rlike(r"^\\x([0-9a-fA-F]{2})*$")
         value = F.when(valid, F.unhex(F.substring(text, 3, 1 << 30)))
@@ -272,11 +287,11 @@ def _array_udf():
     return _parse_array_udf
 
 
-def _array_value(text: Column, element_oid: int, typmod: int) -> tuple[Column, Column]:
+def _array_value(text: Column, element_oid: int, typmod: int, unconstrained_numeric: str) -> tuple[Column, Column]:
     parsed = _array_udf()(text)
     items = parsed.getField("items")
-    typed = F.transform(items, lambda x: _scalar_value(x, element_oid, typmod)[0])
-    reasons = F.filter(F.transform(items, lambda x: _scalar_value(x, element_oid, typmod)[1]),
+    typed = F.transform(items, lambda x: _scalar_value(x, element_oid, typmod, unconstrained_numeric)[0])
+    reasons = F.filter(F.transform(items, lambda x: _scalar_value(x, element_oid, typmod, unconstrained_numeric)[1]),
                        lambda r: r.isNotNull())
     element_reason = F.when(F.size(reasons) > 0, F.concat(F.lit("array element: "), reasons.getItem(0)))
     reason = F.when(text.isNull(), F.lit(None)).otherwise(
@@ -285,12 +300,14 @@ def _array_value(text: Column, element_oid: int, typmod: int) -> tuple[Column, C
     return value, reason
 
 
-def typed_value(text: Column, type_oid: int, typmod: int) -> tuple[Column, Column]:
-    """(value, reason): `text` (PostgreSQL text, null = SQL NULL) as `spark_type(type_oid, typmod)`.
+def typed_value(text: Column, type_oid: int, typmod: int,
+                unconstrained_numeric: str = DECIMAL) -> tuple[Column, Column]:
+    """(value, reason): `text` (PostgreSQL text, null = SQL NULL) as `spark_type(type_oid, typmod,
+    unconstrained_numeric)`.
 
     `reason` is null when the value is held exactly (or the text is null); otherwise it says why not and the
     value is null. Never rounds.
     """
     if type_oid in ARRAY_ELEMENT:
-        return _array_value(text, ARRAY_ELEMENT[type_oid], typmod)
-    return _scalar_value(text, type_oid, typmod)
+        return _array_value(text, ARRAY_ELEMENT[type_oid], typmod, unconstrained_numeric)
+    return _scalar_value(text, type_oid, typmod, unconstrained_numeric)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from pyspark.sql.types import (ByteType, DataType, DecimalType, DoubleType, FloatType, IntegerType, LongType,
                                ShortType)
 
-from slotlake.decode.types import spark_type
+from slotlake.decode.types import DECIMAL, NUMERIC, STRING, NumericTypmod, spark_type
 from slotlake.errors import MergeError
 from slotlake.merge.plan import TableShape
 
@@ -130,9 +130,11 @@ def _renames_between(prev: dict[str, int], names: Sequence[str], events: Iterabl
 
 def plan_evolution(table: str, start: Sequence[tuple[str, DataType]] | None,
                    layouts: Sequence[tuple[int, TableShape]], events: Sequence[ColumnHistoryEvent], *,
-                   mark: int, on_drop_column: str = "keep", ddl_capture: bool = True) -> Evolution:
+                   mark: int, on_drop_column: str = "keep", ddl_capture: bool = True,
+                   unconstrained_numeric: Callable[[str], str] = lambda column: DECIMAL) -> Evolution:
     """Follow the gold columns through `layouts` ((first commit LSN, shape), in commit order).
 
+    `unconstrained_numeric(name)`: the numeric.unconstrained setting of the column called `name` in a layout.
     `start`: the gold table's (name, type) as of its watermark `mark`, or None when there is no gold table (it is
     then created with the first layout's columns). `events`: renames and adds known from DDL events (sorted by
     commit LSN). Raises MergeError for a type change Delta cannot follow, or a key / replica identity change.
@@ -147,7 +149,7 @@ def plan_evolution(table: str, start: Sequence[tuple[str, DataType]] | None,
         for n, o, m in zip(first.columns, first.type_oids, first.typmods):
             live[n] = len(cols)
             cols.append(n)
-            types.append(spark_type(o, m))
+            types.append(spark_type(o, m, unconstrained_numeric(n)))
         start_names: set[str] = set(cols)
     else:
         for n, t in start:
@@ -174,7 +176,7 @@ def plan_evolution(table: str, start: Sequence[tuple[str, DataType]] | None,
             cols[gi] = new
         pos: dict[int, int] = {}
         for p, (n, o, m) in enumerate(zip(names, shape.type_oids, shape.typmods)):
-            t = spark_type(o, m)
+            t = spark_type(o, m, unconstrained_numeric(n))
             if n in live:
                 gi = live[n]
             elif n in cols:  # a name that was dropped earlier comes back: the same gold column again
@@ -187,6 +189,15 @@ def plan_evolution(table: str, start: Sequence[tuple[str, DataType]] | None,
                 added_at[gi] = k
             pos[gi] = p
             if types[gi] != t and not holds(types[gi], t):
+                if not holds(t, types[gi]) and o == NUMERIC and NumericTypmod.of(m).precision is None:
+                    mode = unconstrained_numeric(n)
+                    raise MergeError(
+                        f"{table}: column {n} (numeric without precision) is {types[gi].simpleString()} in gold, but "
+                        f"numeric.unconstrained: {mode} maps it to {t.simpleString()}; an existing gold column keeps "
+                        "its type (converting it in place cannot be exact: decimal(38,18) holds NULL where a value did "
+                        "not fit); set it back to "
+                        f"{STRING if mode == DECIMAL else DECIMAL} for this column, or rebuild the table with the new "
+                        "mapping: `slotlake resync <source>`")
                 if not holds(t, types[gi]):
                     raise MergeError(
                         f"{table}: column {n} changed type from {types[gi].simpleString()} to {t.simpleString()} "

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Callable
 
 from pyspark.sql.types import BooleanType, DataType, IntegerType, LongType, StructField, StructType, TimestampType
 
-from slotlake.decode.types import spark_type
+from slotlake.decode.types import DECIMAL, spark_type
 from slotlake.errors import MergeError
 from slotlake.lsn import Lsn
 
@@ -60,14 +60,23 @@ class TablePlan:
     strategy: KeyStrategy
     key_positions: tuple[int, ...]  # indexes into shape.columns (KEYED only)
     soft_delete: bool
+    # per column of shape.columns: numeric.unconstrained (decimal | string) from the config; () = all decimal
+    unconstrained_numeric: tuple[str, ...] = ()
+
+    def numeric_mode(self, i: int) -> str:
+        """numeric.unconstrained of column i (it matters only for a numeric without precision)."""
+        return self.unconstrained_numeric[i] if self.unconstrained_numeric else DECIMAL
 
     @property
     def gold_schema(self) -> StructType:
-        return gold_schema(self.shape, self.strategy, self.soft_delete)
+        return gold_schema(self.shape, self.strategy, self.soft_delete, self.unconstrained_numeric)
 
 
-def plan_table(shape: TableShape, delete_mode: str, *, keyless_appends: bool = False) -> TablePlan:
-    """Choose the key strategy; reject shapes no merge can apply correctly.
+def plan_table(shape: TableShape, delete_mode: str,
+               unconstrained_numeric: Callable[[str], str] | None = None, *,
+               keyless_appends: bool = False) -> TablePlan:
+    """Choose the key strategy; reject shapes no merge can apply correctly. `unconstrained_numeric(column)` is the
+    column's numeric.unconstrained setting (default: decimal for every column).
 
     `keyless_appends` (SourceConfig.keyless_appends): a table without a key (DEFAULT without a primary key) is
     merged insert-only, as appends, instead of refused: its stream holds only inserts and truncates."""
@@ -102,12 +111,17 @@ def plan_table(shape: TableShape, delete_mode: str, *, keyless_appends: bool = F
         raise MergeError(f"{shape.qualified}: unknown replica identity {ri!r} (expected d, n, f or i)")
     if delete_mode not in ("hard", "soft"):
         raise MergeError(f"delete_mode {delete_mode!r} must be hard or soft")
-    return TablePlan(shape=shape, strategy=strategy, key_positions=keys, soft_delete=delete_mode == "soft")
+    modes = tuple(unconstrained_numeric(c) for c in shape.columns) if unconstrained_numeric else ()
+    return TablePlan(shape=shape, strategy=strategy, key_positions=keys, soft_delete=delete_mode == "soft",
+                     unconstrained_numeric=modes)
 
 
-def gold_schema(shape: TableShape, strategy: KeyStrategy, soft_delete: bool) -> StructType:
+def gold_schema(shape: TableShape, strategy: KeyStrategy, soft_delete: bool,
+                unconstrained_numeric: tuple[str, ...] = ()) -> StructType:
     """Source columns typed by decode/types.py, then the _slotlake_ columns (docs/internals.md "Gold")."""
-    fields = [StructField(n, spark_type(o, m), True) for n, o, m in zip(shape.columns, shape.type_oids, shape.typmods)]
+    modes = unconstrained_numeric or (DECIMAL,) * len(shape.columns)
+    fields = [StructField(n, spark_type(o, m, u), True)
+              for n, o, m, u in zip(shape.columns, shape.type_oids, shape.typmods, modes)]
     fields += [StructField(LSN_COL, LongType(), False), StructField(COMMIT_TS_COL, TimestampType(), True)]
     if soft_delete:
         fields.append(StructField(DELETED_COL, BooleanType(), False))

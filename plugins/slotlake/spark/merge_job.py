@@ -18,12 +18,14 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import partial
 from typing import Callable, Sequence
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import DataType, IntegerType, LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import (DataType, IntegerType, LongType, MapType, StringType, StructField, StructType,
+                               TimestampType)
 
 from slotlake.catalog import CatalogVersion
 from slotlake.config import Config, SourceConfig
@@ -45,6 +47,9 @@ QUARANTINE_SCHEMA = StructType([
     StructField("raw_value", StringType()), StructField("reason", StringType()),
     StructField("commit_lsn", LongType()), StructField("xid", LongType()), StructField("seq", IntegerType()),
     StructField("detected_at", TimestampType()),
+    # The row's replica identity key (column -> PostgreSQL text); the whole row for FULL / NOTHING identity.
+    # Added after the first release: older _quarantine tables get it by ALTER TABLE ADD COLUMNS (_ensure_table).
+    StructField("row_key", MapType(StringType(), StringType())),
 ])
 RUNS_SCHEMA = StructType([
     StructField("run_end_lsn", LongType()), StructField("schema_name", StringType()),
@@ -178,7 +183,7 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
         end = min(end, Lsn.parse(end_lsn))
     silver = spark.read.format("delta").load(changes_path)
     names = _table_names(silver, src, end, tables)
-    _ensure_table(spark, paths.quarantine, QUARANTINE_SCHEMA)
+    ensure_quarantine(spark, paths.quarantine)
     results: dict[tuple[str, str], TableMergeResult] = {}
     errors: list[str] = []
 
@@ -239,10 +244,23 @@ def _table_names(silver: DataFrame, src: SourceConfig, end: Lsn,
 
 
 def _ensure_table(spark: SparkSession, path: str, schema: StructType) -> None:
+    """Create the Delta table, or add the columns of `schema` it lacks (a table an older slotlake created: its
+    rows get NULL there, and appends with the full schema keep working)."""
     from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, path):
         spark.createDataFrame([], schema).write.format("delta").mode("ignore").save(path)
+        return
+    have = set(DeltaTable.forPath(spark, path).toDF().columns)
+    missing = [f for f in schema.fields if f.name not in have]
+    if missing:
+        spark.sql(f"ALTER TABLE delta.`{path.replace('`', '``')}` ADD COLUMNS (" + ", ".join(
+            f"{_q(f.name)} {f.dataType.simpleString()}" for f in missing) + ")")
+
+
+def ensure_quarantine(spark: SparkSession, path: str) -> None:
+    """Create `_quarantine`, or add the columns an older one lacks; call before writers run in parallel."""
+    _ensure_table(spark, path, QUARANTINE_SCHEMA)
 
 
 # ---- one table ---------------------------------------------------------------------------------------------
@@ -259,6 +277,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     from delta.tables import DeltaTable
 
     name = f"{schema}.{table}"
+    numeric = partial(src.numeric.unconstrained_for, name)
     state = delta_state(session, gold)
     exists, mark = state.version is not None, state.watermark
     if mark is not None and mark >= end:
@@ -295,8 +314,8 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         events, captured = _column_events(session, paths, schema, table, end)
         evo = plan_evolution(name, start, [(lsn, shape) for (lsn, _), shape in layouts], events,
                              mark=int(mark) if mark is not None else -1, on_drop_column=src.on_drop_column,
-                             ddl_capture=captured)
-        plan = _unified_plan(name, evo, [shape for _, shape in layouts], src.delete_mode,
+                             ddl_capture=captured, unconstrained_numeric=numeric)
+        plan = _unified_plan(name, evo, [shape for _, shape in layouts], src.delete_mode, numeric,
                              keyless_appends=src.keyless_appends(name))
         soft = plan.soft_delete
         wanted = _with_types(plan.gold_schema, evo)
@@ -321,7 +340,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     source_df: DataFrame | None = None
     try:
         if plan is not None and evo is not None:
-            typed = _typed_layouts(after, plan, evo, layouts).persist(StorageLevel.MEMORY_AND_DISK)
+            typed = _typed_layouts(after, plan, evo, layouts, numeric).persist(StorageLevel.MEMORY_AND_DISK)
             quarantined = quarantine_bad_values(session, src, paths, plan, typed, end)
             if plan.strategy is KeyStrategy.KEYED:
                 source_df = _keyed_source(plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
@@ -423,8 +442,8 @@ def _column_events(session: SparkSession, paths: LakePaths, schema: str, table: 
     return column_events(definitions, schema, table), captured
 
 
-def _unified_plan(name: str, evo: Evolution, shapes: list[TableShape], delete_mode: str, *,
-                  keyless_appends: bool = False) -> TablePlan:
+def _unified_plan(name: str, evo: Evolution, shapes: list[TableShape], delete_mode: str,
+                  unconstrained_numeric: Callable[[str], str], *, keyless_appends: bool = False) -> TablePlan:
     """The plan over gold's columns after the run: type of the newest layout holding each column, its keys."""
     oids, mods = [], []
     for i in range(len(evo.columns)):
@@ -441,7 +460,7 @@ def _unified_plan(name: str, evo: Evolution, shapes: list[TableShape], delete_mo
     keys = tuple(gold_of[last.columns.index(k)] for k in last.key_columns)
     shape = TableShape(last.schema_name, last.table_name, evo.columns, tuple(oids), tuple(mods), keys,
                        last.replica_identity)
-    return plan_table(shape, delete_mode, keyless_appends=keyless_appends)
+    return plan_table(shape, delete_mode, unconstrained_numeric, keyless_appends=keyless_appends)
 
 
 def _with_types(schema: StructType, evo: Evolution) -> StructType:
@@ -496,7 +515,8 @@ def _evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, pl
     for a in evo.adds:
         if a.existing_rows is not None:
             i = plan.shape.columns.index(a.name)
-            value = typed_value(F.lit(a.existing_rows), plan.shape.type_oids[i], plan.shape.typmods[i])[0]
+            value = typed_value(F.lit(a.existing_rows), plan.shape.type_oids[i], plan.shape.typmods[i],
+                                plan.numeric_mode(i))[0]
             # A fresh handle: the one above predates the ALTERs and would not know the column.
             DeltaTable.forPath(session, gold).update(F.col(_q(a.name)).isNull(), {_q(a.name): value.cast(a.dtype)})
     for d in drops:
@@ -508,10 +528,12 @@ def _evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, pl
     return done
 
 
-def _typed_layouts(after: DataFrame, plan: TablePlan, evo: Evolution, layouts: list[Layout]) -> DataFrame:
+def _typed_layouts(after: DataFrame, plan: TablePlan, evo: Evolution, layouts: list[Layout],
+                   unconstrained_numeric: Callable[[str], str]) -> DataFrame:
     """`typed_changes` over gold's columns: each change typed with its own layout, cast to gold's type, and a
     column its layout lacks filled (the added column's existing-row value, else NULL). `new`/`old` are rewritten
-    in gold column order so the quarantine reads them by gold position."""
+    in gold column order so the quarantine reads them by gold position. A layout's column is typed with the
+    numeric.unconstrained of its name in that layout, as `plan_evolution` typed it."""
     ncols = len(plan.shape.columns)
     need_old = set(range(ncols)) if plan.strategy is KeyStrategy.FULL_ROW else set(plan.key_positions)
     parts = []
@@ -524,17 +546,18 @@ def _typed_layouts(after: DataFrame, plan: TablePlan, evo: Evolution, layouts: l
         for i, (p, fill, dtype) in enumerate(zip(evo.positions[k], evo.fills[k], evo.types)):
             if p is None:
                 v = (F.lit(None).cast(dtype) if fill is None else
-                     typed_value(F.lit(fill), plan.shape.type_oids[i], plan.shape.typmods[i])[0].cast(dtype))
+                     typed_value(F.lit(fill), plan.shape.type_oids[i], plan.shape.typmods[i],
+                                 plan.numeric_mode(i))[0].cast(dtype))
                 cols += [v.alias(f"__n{i}"), F.lit(None).cast("string").alias(f"__r{i}"), F.lit(False).alias(f"__u{i}")]
                 if i in need_old:
                     cols.append(F.when(F.col("old").isNotNull(), v).alias(f"__o{i}"))
                 continue
-            oid, mod = shape.type_oids[p], shape.typmods[p]
-            value, reason = typed_value(F.col("new").getItem(p), oid, mod)
+            oid, mod, mode = shape.type_oids[p], shape.typmods[p], unconstrained_numeric(shape.columns[p])
+            value, reason = typed_value(F.col("new").getItem(p), oid, mod, mode)
             cols += [value.cast(dtype).alias(f"__n{i}"), reason.alias(f"__r{i}"),
                      F.coalesce(F.array_contains(F.col("unchanged"), p), F.lit(False)).alias(f"__u{i}")]
             if i in need_old:
-                cols.append(typed_value(F.col("old").getItem(p), oid, mod)[0].cast(dtype).alias(f"__o{i}"))
+                cols.append(typed_value(F.col("old").getItem(p), oid, mod, mode)[0].cast(dtype).alias(f"__o{i}"))
 
         def raw(arr: str) -> Column:
             return F.when(F.col(arr).isNull(), F.lit(None)).otherwise(F.array(*[
@@ -582,33 +605,35 @@ def typed_changes(changes: DataFrame, plan: TablePlan) -> DataFrame:
     cols: list[Column] = [F.col(c) for c in ("commit_lsn", "seq", "commit_ts", "xid", "op", "old", "new")]
     need_old = (range(len(shape.columns)) if plan.strategy is KeyStrategy.FULL_ROW else plan.key_positions)
     for i, (oid, mod) in enumerate(zip(shape.type_oids, shape.typmods)):
-        value, reason = typed_value(F.col("new").getItem(i), oid, mod)
+        value, reason = typed_value(F.col("new").getItem(i), oid, mod, plan.numeric_mode(i))
         cols += [value.alias(f"__n{i}"), reason.alias(f"__r{i}"),
                  F.coalesce(F.array_contains(F.col("unchanged"), i), F.lit(False)).alias(f"__u{i}")]
         if i in need_old:
-            cols.append(typed_value(F.col("old").getItem(i), oid, mod)[0].alias(f"__o{i}"))
+            cols.append(typed_value(F.col("old").getItem(i), oid, mod, plan.numeric_mode(i))[0].alias(f"__o{i}"))
     return changes.select(*cols)
 
 
 def quarantine_bad_values(session: SparkSession, src: SourceConfig, paths: LakePaths, plan: TablePlan,
                           typed: DataFrame, end: Lsn) -> int:
-    """Record values the gold type cannot hold; with on_bad_value: fail, refuse the merge instead."""
+    """Record values the gold type cannot hold, each with its row's key (`row_key`); with on_bad_value: fail,
+    refuse the merge instead."""
     shape = plan.shape
     bad = F.array(*[F.struct(F.lit(c).alias("column_name"), F.lit(o).alias("type_oid"),
                              F.col("new").getItem(i).alias("raw_value"), F.col(f"__r{i}").alias("reason"))
                     for i, (c, o) in enumerate(zip(shape.columns, shape.type_oids))])
-    rows = (typed.select("commit_lsn", "xid", "seq", F.explode(bad).alias("b")).where(F.col("b.reason").isNotNull())
+    rows = (typed.select("commit_lsn", "xid", "seq", _row_key(plan).alias("row_key"), F.explode(bad).alias("b"))
+            .where(F.col("b.reason").isNotNull())
             .select(F.lit(shape.schema_name).alias("schema_name"), F.lit(shape.table_name).alias("table_name"),
                     "b.column_name", "b.type_oid", "b.raw_value", "b.reason", "commit_lsn", "xid", "seq",
-                    F.current_timestamp().alias("detected_at")))
+                    F.current_timestamp().alias("detected_at"), "row_key"))
     if src.on_bad_value == "fail":
         first = rows.orderBy("commit_lsn", "seq").limit(1).collect()
         if first:
             r = first[0]
             raise MergeError(
                 f"{shape.qualified}: column {r['column_name']} value {r['raw_value']!r} at LSN {Lsn(r['commit_lsn'])} "
-                f"(xid {r['xid']}) cannot be stored: {r['reason']}; set on_bad_value: quarantine to load it as NULL "
-                "and keep the raw text in _quarantine")
+                f"(xid {r['xid']}, row {dict(r['row_key'])}) cannot be stored: {r['reason']}; set on_bad_value: "
+                "quarantine to load it as NULL and keep the raw text in _quarantine")
         return 0
     rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
     try:
@@ -623,6 +648,17 @@ def quarantine_bad_values(session: SparkSession, src: SourceConfig, paths: LakeP
         return count
     finally:
         rows.unpersist()
+
+
+def _row_key(plan: TablePlan) -> Column:
+    """The changed row's identity as {column: PostgreSQL text}, from the new tuple: the replica identity key, or
+    the whole row when there is no key (FULL, NOTHING). An unchanged-TOAST value comes from the old tuple (FULL
+    logs the whole old row)."""
+    shape = plan.shape
+    cols = plan.key_positions if plan.strategy is KeyStrategy.KEYED else range(len(shape.columns))
+    values = [F.when(F.col(f"__u{i}"), F.get(F.col("old"), i)).otherwise(F.get(F.col("new"), i)) for i in cols]
+    return F.map_from_arrays(F.array(*[F.lit(shape.columns[i]) for i in cols]),
+                             F.array(*values).cast("array<string>"))
 
 
 def _value_cols(plan: TablePlan) -> list[Column]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from functools import partial
 from typing import Sequence
 
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -29,7 +30,7 @@ from slotlake.merge.plan import (COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, U
                                  TableShape, plan_table, stage_metadata)
 from slotlake.merge.visibility import CopySnapshot
 from slotlake.source.snapshot import TableCopy, part_paths, pending_loads
-from slotlake.spark.merge_job import QUARANTINE_SCHEMA, quarantine_bad_values, typed_changes
+from slotlake.spark.merge_job import ensure_quarantine, quarantine_bad_values, typed_changes
 
 log = logging.getLogger(__name__)
 
@@ -93,14 +94,15 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
     shape = TableShape(schema, table, tuple(c["name"] for c in copy.columns),
                        tuple(int(c["type_oid"]) for c in copy.columns), tuple(int(c["typmod"]) for c in copy.columns),
                        tuple(c["name"] for c in copy.columns if c["is_key"]), copy.replica_identity)
-    plan = plan_table(shape, src.delete_mode, keyless_appends=src.keyless_appends(copy.table))
+    # The same numeric.unconstrained mapping as the merge, so the copy and the changes after it agree.
+    plan = plan_table(shape, src.delete_mode, partial(src.numeric.unconstrained_for, copy.table),
+                      keyless_appends=src.keyless_appends(copy.table))
     files = part_paths(paths.root, copy)
     text_schema = StructType([StructField(f"c{i}", StringType()) for i in range(len(copy.columns))])
     raw = spark.read.schema(text_schema).parquet(*files)
     typed = typed_changes(_silver_like(raw, copy), plan).cache()
     try:
-        if not _is_delta(spark, paths.quarantine):
-            spark.createDataFrame([], QUARANTINE_SCHEMA).write.format("delta").mode("ignore").save(paths.quarantine)
+        ensure_quarantine(spark, paths.quarantine)
         quarantined = quarantine_bad_values(spark, src, paths, plan, typed, copy.watermark)
         cols = [F.col(f"__n{i}").alias(c) for i, c in enumerate(shape.columns)]
         cols += [F.col("commit_lsn").alias(LSN_COL), F.col("commit_ts").alias(COMMIT_TS_COL)]
@@ -130,12 +132,6 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
 
 def _q(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
-
-
-def _is_delta(spark: SparkSession, path: str) -> bool:
-    from delta.tables import DeltaTable
-
-    return DeltaTable.isDeltaTable(spark, path)
 
 
 def load_snapshots(spark: SparkSession, cfg: Config, source: str,
