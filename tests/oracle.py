@@ -1,6 +1,7 @@
 """The end-to-end oracle: a gold Delta table must equal its PostgreSQL table, row by row.
 
-`assert_gold_equals_pg(spark_or_none, gold_path, dsn, "public.orders")` reads both sides typed (PostgreSQL through
+`assert_gold_equals_pg(spark_or_none, gold_path, dsn, "public.orders")` (or `'"Sales Dept"."Order Items"'`: the
+table as PostgreSQL reads it, `slotlake.names.TableName`) reads both sides typed (PostgreSQL through
 psycopg with UTC session settings, gold through Spark's Arrow export so timestamps and decimals arrive exact),
 turns every value into a canonical text form, and compares the two rows as multisets (duplicate rows count: a
 REPLICA IDENTITY FULL table may hold identical rows). Columns the pipeline adds (`_slotlake_*`) are ignored;
@@ -20,6 +21,9 @@ import uuid
 from typing import Any
 
 import psycopg
+from psycopg import sql
+
+from slotlake.names import TableName, spark_ident
 
 # PostgreSQL type name -> the Python types a correct gold value may have (as read from Arrow).
 _TYPED: dict[str, tuple[type, ...]] = {
@@ -77,7 +81,7 @@ def canonical(value: Any, pg_type: str) -> str | None:
 
 def pg_columns(conn: psycopg.Connection, table: str) -> list[tuple[str, str]]:
     """(column, type name) in table order, dropped columns excluded."""
-    schema, _, name = table.partition(".")
+    schema, name = TableName.parse(table)
     rows = conn.execute(
         """SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
            JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_type t ON t.oid = a.atttypid
@@ -94,10 +98,11 @@ def pg_rows(dsn: str, table: str) -> tuple[list[tuple[str, str]], list[tuple]]:
         # Typed where the PostgreSQL type has a natural Spark type (arrays of those too); otherwise the type's
         # output function (format %s), which is exactly the text pgoutput sends.
         # (format('%s', NULL) is '', so NULL stays NULL through a CASE)
-        select = ", ".join(f'"{c}"' if _typed(t) else f"CASE WHEN \"{c}\" IS NOT NULL THEN format('%s', \"{c}\") END"
-                           for c, t in cols)
-        schema, _, name = table.partition(".")
-        rows = conn.execute(f'SELECT {select} FROM "{schema}"."{name}"').fetchall()
+        select = sql.SQL(", ").join(
+            sql.Identifier(c) if _typed(t) else
+            sql.SQL("CASE WHEN {c} IS NOT NULL THEN format('%s', {c}) END").format(c=sql.Identifier(c))
+            for c, t in cols)
+        rows = conn.execute(sql.SQL("SELECT {} FROM {}").format(select, TableName.parse(table).sql())).fetchall()
     return cols, rows
 
 
@@ -107,7 +112,7 @@ def gold_rows(spark: Any, gold_path: str) -> tuple[list[str], list[dict[str, Any
     if "_slotlake_deleted" in df.columns:
         df = df.where("NOT coalesce(_slotlake_deleted, false)")
     data = [c for c in df.columns if not c.startswith("_slotlake_")]
-    return data, df.select(*data).toArrow().to_pylist()
+    return data, df.select(*[spark_ident(c) for c in data]).toArrow().to_pylist()
 
 
 def assert_gold_equals_pg(spark: Any | None, gold_path: str, dsn: str, table: str) -> int:
