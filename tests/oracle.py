@@ -1,6 +1,7 @@
 """The end-to-end oracle: a gold Delta table must equal its PostgreSQL table, row by row.
 
-`assert_gold_equals_pg(spark_or_none, gold_path, dsn, "public.orders")` reads both sides typed (PostgreSQL through
+`assert_gold_equals_pg(spark_or_none, gold_path, dsn, "public.orders")` (or `'"Sales Dept"."Order Items"'`: the
+table as PostgreSQL reads it, `slotlake.names.TableName`) reads both sides typed (PostgreSQL through
 psycopg with UTC session settings, gold through Spark's Arrow export so timestamps and decimals arrive exact),
 turns every value into a canonical text form, and compares the two rows as multisets (duplicate rows count: a
 REPLICA IDENTITY FULL table may hold identical rows). Columns the pipeline adds (`_slotlake_*`) are ignored;
@@ -22,6 +23,9 @@ import uuid
 from typing import Any, Collection
 
 import psycopg
+from psycopg import sql
+
+from slotlake.names import TableName, spark_ident
 
 # PostgreSQL type name -> the Python types a correct gold value may have (as read from Arrow).
 _TYPED: dict[str, tuple[type, ...]] = {
@@ -79,7 +83,7 @@ def canonical(value: Any, pg_type: str) -> str | None:
 
 def pg_columns(conn: psycopg.Connection, table: str) -> list[tuple[str, str]]:
     """(column, type name) in table order, dropped columns excluded."""
-    schema, _, name = table.partition(".")
+    schema, name = TableName.parse(table)
     rows = conn.execute(
         """SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
            JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_type t ON t.oid = a.atttypid
@@ -101,16 +105,15 @@ def pg_rows(dsn: str, table: str, numeric_text: Collection[str] = ()) -> tuple[l
         # output function (format %s), which is exactly the text pgoutput sends. `numeric_text` columns: numeric's
         # output function too (numeric::text is it; numeric[]::text[] applies it to each element).
         # (format('%s', NULL) is '', so NULL stays NULL through a CASE)
-        def expr(c: str, t: str) -> str:
+        def expr(c: str, t: str) -> sql.Composable:
             if c in numeric_text:
-                return f'"{c}"::text' + ("[]" if t.startswith("_") else "")
+                return sql.SQL("{}::text" + ("[]" if t.startswith("_") else "")).format(sql.Identifier(c))
             if _typed(t):
-                return f'"{c}"'
-            return f"CASE WHEN \"{c}\" IS NOT NULL THEN format('%s', \"{c}\") END"
+                return sql.Identifier(c)
+            return sql.SQL("CASE WHEN {c} IS NOT NULL THEN format('%s', {c}) END").format(c=sql.Identifier(c))
 
-        select = ", ".join(expr(c, t) for c, t in cols)
-        schema, _, name = table.partition(".")
-        rows = conn.execute(f'SELECT {select} FROM "{schema}"."{name}"').fetchall()
+        select = sql.SQL(", ").join(expr(c, t) for c, t in cols)
+        rows = conn.execute(sql.SQL("SELECT {} FROM {}").format(select, TableName.parse(table).sql())).fetchall()
     return cols, rows
 
 
@@ -120,7 +123,7 @@ def gold_rows(spark: Any, gold_path: str) -> tuple[list[str], list[dict[str, Any
     if "_slotlake_deleted" in df.columns:
         df = df.where("NOT coalesce(_slotlake_deleted, false)")
     data = [c for c in df.columns if not c.startswith("_slotlake_")]
-    return data, df.select(*data).toArrow().to_pylist()
+    return data, df.select(*[spark_ident(c) for c in data]).toArrow().to_pylist()
 
 
 def assert_gold_equals_pg(spark: Any | None, gold_path: str, dsn: str, table: str, *,

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from slotlake.config import ENV_VAR, Config, load_config
 from slotlake.errors import SlotlakeError
 from slotlake.lsn import Lsn
+from slotlake.names import TableName
 
 log = logging.getLogger("slotlake.cli")
 
@@ -65,7 +66,7 @@ def source_status(cfg: Config, source_name: str) -> dict[str, Any]:
     for schema, table in delta_log.gold_tables(paths.root) if delta_log.readable(paths.root) else ():
         # The newest watermarked commit: a merge, or the initial copy's load (applied up to its consistent point).
         last = delta_log.latest_slotlake_commit(paths.gold(schema, table))
-        tables.append({"table": f"{schema}.{table}", "applied_lsn": last.end_lsn if last else None,
+        tables.append({"table": str(TableName(schema, table)), "applied_lsn": last.end_lsn if last else None,
                        "applied_by": last.stage if last else None,
                        "gold_version": last.version if last else None,
                        "committed_at": last.timestamp.isoformat() if last else None})
@@ -94,7 +95,7 @@ def runs_status(cfg: Config, runs_path: str) -> list[dict[str, Any]]:
     finally:
         if ours:
             spark.stop()
-    return [{"table": f"{r.schema_name}.{r.table_name}", "applied_lsn": str(Lsn(r.run_end_lsn)),
+    return [{"table": str(TableName(r.schema_name, r.table_name)), "applied_lsn": str(Lsn(r.run_end_lsn)),
              "gold_version": r.gold_version, "committed_at": r.finished_at.isoformat()} for r in latest]
 
 

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import yaml
 
 from slotlake.errors import ConfigError
+from slotlake.names import TableName
 
 ENV_VAR = "SLOTLAKE_CONFIG"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
@@ -99,7 +100,7 @@ class SourceConfig:
     conn_id: str | None
     slot: str
     publication: str
-    tables: tuple[str, ...] | None  # None: every table in the publication
+    tables: tuple[str, ...] | None  # canonical names (str(TableName)); None: every table in the publication
     schedule: str
     delete_mode: str  # hard | soft
     history: bool
@@ -146,7 +147,7 @@ class SourceConfig:
         if self.tables is not None:
             return table in self.tables
         if self.schemas is not None:
-            return table.partition(".")[0] in self.schemas
+            return TableName.parse(table).schema in self.schemas
         return True
 
 
@@ -204,13 +205,11 @@ def _positive_int(value: Any, where: str) -> int:
 
 
 def _parse_table(name: Any, where: str) -> str:
-    if not isinstance(name, str) or "." not in name:
-        raise ConfigError(f"{where}: {name!r} must be written schema.table, e.g. public.orders")
-    schema, _, table = name.partition(".")
-    for part in (schema, table):
-        if not _IDENT.match(part):
-            raise ConfigError(f"{where}: {name!r}: {part!r} is not a plain identifier (quoted names are not supported)")
-    return name
+    """The canonical form of a `schema.table` entry (PostgreSQL's rules: unquoted folds to lower case)."""
+    try:
+        return str(TableName.parse(name))
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def _numeric_mode(value: Any, where: str) -> str:

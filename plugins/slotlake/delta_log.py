@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from slotlake.errors import SlotlakeError
+from slotlake.lake import name_of_segment
+from slotlake.names import TableName
 
 log = logging.getLogger(__name__)
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
@@ -112,9 +114,20 @@ def latest_slotlake_commit(table_path: str, stage: str | None = None) -> DeltaCo
     return None
 
 
-def gold_tables(source_root: str) -> list[tuple[str, str]]:
-    """(schema, table) of every gold Delta table under `<lake>/<source>/gold/`, sorted."""
+def gold_tables(source_root: str) -> list[TableName]:
+    """Every gold Delta table under `<lake>/<source>/gold/`, sorted; folder names decoded (`LakePaths.gold`).
+    Folders slotlake would not have named so are skipped with a warning."""
     gold = local_path(source_root) / "gold"
     if not gold.is_dir():
         return []
-    return sorted((t.parent.name, t.name) for t in gold.glob("*/*") if (t / "_delta_log").is_dir())
+    out = []
+    for t in gold.glob("*/*"):
+        if not (t / "_delta_log").is_dir():
+            continue
+        schema, table = name_of_segment(t.parent.name), name_of_segment(t.name)
+        if schema is None or table is None:
+            log.warning("%s: not a gold table folder slotlake writes (names are encoded, see slotlake.lake); "
+                        "skipped", t)
+            continue
+        out.append(TableName(schema, table))
+    return sorted(out)

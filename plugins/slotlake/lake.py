@@ -1,7 +1,59 @@
-"""Where things live under `<lake>/<source>/` (DESIGN.md "Lake layout")."""
+"""Where things live under `<lake>/<source>/` (DESIGN.md "Lake layout").
+
+A table's folder is `gold/<schema>/<table>`, each name one path segment. Names may hold any character
+(PostgreSQL allows `/`, `%`, spaces, quotes, non-ASCII in quoted names), so each segment is encoded reversibly:
+ASCII letters, digits, `_`, `$` and `-` stay as they are, every other character becomes `!XX` per UTF-8 byte
+(upper-case hex), and a name that is exactly `_delta_log` gets its `_` encoded (a folder of that name would make
+its parent look like a Delta table). Plain names keep the path they always had (`gold/public/orders`);
+`"Sales Dept"."Order Items"` lives in `gold/Sales!20Dept/Order!20Items`. Not `%XX`: delta-rs (deltalake 1.6,
+behind Polars and DuckDB) percent-decodes table paths once too often and cannot open a table under `a%20b`; `!` means
+nothing to Hadoop paths and globs, URIs, S3 keys or delta-rs.
+Dots are encoded too, so `<schema>.<table>` (the initial copies' folders) is unambiguous, and no segment is
+hidden (`.x`) or climbs (`..`). The encoding never touches case: on a case-insensitive file system (macOS,
+Windows) two tables whose names differ only in case would share a folder.
+"""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+_SAFE = re.compile(r"[A-Za-z0-9_$-]")
+_SEGMENT = re.compile(r"(?:[A-Za-z0-9_$-]|![0-9A-F]{2})+")
+ESCAPE = "!"
+_DELTA_LOG = "_delta_log"
+
+
+def path_segment(name: str) -> str:
+    """The folder name of one schema or table name (see the module). Reversed by `name_of_segment`."""
+    if not name:
+        raise ValueError("an empty name has no folder")
+    out = "".join(ch if _SAFE.fullmatch(ch) else "".join(f"{ESCAPE}{b:02X}" for b in ch.encode("utf-8")) for ch in name)
+    return f"{ESCAPE}5F" + out[1:] if name == _DELTA_LOG else out
+
+
+def name_of_segment(segment: str) -> str | None:
+    """The name whose folder is `segment`, or None when slotlake would not have written that folder."""
+    if not _SEGMENT.fullmatch(segment):
+        return None
+    data = bytearray()
+    i = 0
+    while i < len(segment):
+        if segment[i] == ESCAPE:
+            data.append(int(segment[i + 1:i + 3], 16))
+            i += 3
+        else:
+            data += segment[i].encode("ascii")
+            i += 1
+    try:
+        name = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return name if path_segment(name) == segment else None
+
+
+def table_dir(base: str, schema: str, table: str) -> str:
+    """`<base>/<schema>/<table>` with both names encoded: gold tables, replay `--dest` and scratch tables."""
+    return f"{base.rstrip('/')}/{path_segment(schema)}/{path_segment(table)}"
 
 
 @dataclass(frozen=True)
@@ -36,4 +88,5 @@ class LakePaths:
         return f"{self.root}/_runs"
 
     def gold(self, schema: str, table: str) -> str:
-        return f"{self.root}/gold/{schema}/{table}"
+        """`gold/<schema>/<table>`, the names encoded by `path_segment` (plain names as they are)."""
+        return table_dir(f"{self.root}/gold", schema, table)

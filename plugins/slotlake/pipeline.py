@@ -19,6 +19,7 @@ from slotlake import delta_log
 from slotlake.config import Config
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
+from slotlake.names import TableName
 from slotlake.spark.submit import run_spark_app, spark_app
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def lake_versions(cfg: Config, source_name: str) -> dict[str, Any]:
     return {
         "changes": latest(paths.changes),
         "quarantine": latest(paths.quarantine),
-        "gold": {f"{s}.{t}": latest(paths.gold(s, t)) for s, t in delta_log.gold_tables(paths.root)},
+        "gold": {str(t): latest(paths.gold(*t)) for t in delta_log.gold_tables(paths.root)},
     }
 
 
@@ -177,7 +178,7 @@ def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) ->
     else:  # the Delta logs of an object-store lake need Spark; the Spark apps' own logs carry these counts
         log.info("lake %s is not local: the report leaves out the per-table counts", paths.root)
     for schema, table in delta_log.gold_tables(paths.root) if local else ():
-        name = f"{schema}.{table}"
+        name = str(TableName(schema, table))
         t = _table_merge(paths.gold(schema, table), name, since_gold.get(name, -1))
         if t.inserted or t.updated or t.deleted or since_gold.get(name, -1) < (t.gold_version or -1):
             merged.append(t)

@@ -27,6 +27,7 @@ from typing import Sequence
 from slotlake.config import Config
 from slotlake.errors import ConfigError
 from slotlake.lsn import Lsn
+from slotlake.names import TableName
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +57,12 @@ def format_point(p: Point) -> str:
     return str(p) if isinstance(p, Lsn) else p.isoformat()
 
 
-def parse_table(name: str) -> tuple[str, str]:
-    schema, dot, table = name.strip().partition(".")
-    if not dot or not schema or not table:
-        raise ConfigError(f"--table {name!r} must be written schema.table, e.g. public.orders")
-    return schema, table
+def parse_table(name: str) -> TableName:
+    """A `--table` argument, read as PostgreSQL reads `schema.table` (see slotlake.names)."""
+    try:
+        return TableName.parse(name)
+    except ConfigError as e:
+        raise ConfigError(f"--table {e}") from None
 
 
 @dataclass(frozen=True)
@@ -70,14 +72,14 @@ class ReplayRequest:
     source: str
     from_: Point
     to: Point
-    tables: tuple[tuple[str, str], ...] | None = None  # None: every table of the source
+    tables: tuple[TableName, ...] | None = None  # None: every table of the source
     dest: str | None = None  # None: in place
 
     def args(self) -> list[str]:
         """The replay Spark app's arguments after `--config F --source S`."""
         out = ["--from", format_point(self.from_), "--to", format_point(self.to)]
         if self.tables:
-            out += ["--tables", ",".join(f"{s}.{t}" for s, t in self.tables)]
+            out += ["--tables", ",".join(str(TableName(*t)) for t in self.tables)]
         if self.dest:
             out += ["--dest", self.dest]
         return out

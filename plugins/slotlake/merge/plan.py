@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from pyspark.sql.types import BooleanType, DataType, IntegerType, LongType, StructField, StructType, TimestampType
 
 from slotlake.decode.types import DECIMAL, spark_type
-from slotlake.errors import MergeError
+from slotlake.errors import ConfigError, MergeError
 from slotlake.lsn import Lsn
+from slotlake.names import TableName
 
 LSN_COL = "_slotlake_lsn"
 COMMIT_TS_COL = "_slotlake_commit_ts"
@@ -25,6 +26,9 @@ DUP_COL = "_slotlake_dup"
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+COLUMN_MAPPING = "delta.columnMapping.mode"
+# Delta refuses these in column names unless the table maps columns by name (physical names are then generated).
+_NEEDS_MAPPING = frozenset(" ,;{}()\n\t=")
 
 
 class KeyStrategy(str, Enum):
@@ -49,7 +53,8 @@ class TableShape:
 
     @property
     def qualified(self) -> str:
-        return f"{self.schema_name}.{self.table_name}"
+        """The canonical `schema.table` (str(TableName): quoted where the name needs it)."""
+        return str(TableName(self.schema_name, self.table_name))
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,12 @@ def gold_schema(shape: TableShape, strategy: KeyStrategy, soft_delete: bool,
     return StructType(fields)
 
 
+def needs_column_mapping(columns: Iterable[str]) -> bool:
+    """Whether a gold table with these columns must use Delta column mapping by name: PostgreSQL allows any
+    character in a quoted column name, Delta's physical (Parquet) names do not allow ` ,;{}()\\n\\t=`."""
+    return any(_NEEDS_MAPPING.intersection(c) for c in columns)
+
+
 def schema_mismatch(existing: StructType, wanted: StructType) -> str | None:
     """A description of how an existing gold table differs from the planned one (names and types), or None."""
     have = [(f.name, _simple(f.dataType)) for f in existing.fields]
@@ -189,15 +200,11 @@ def newest_watermark(history: list[tuple[int, str | None]]) -> tuple[int, Lsn] |
     return None
 
 
-def parse_tables(arg: str | None) -> tuple[tuple[str, str], ...] | None:
-    """`--tables public.a,public.b` -> (("public", "a"), ("public", "b")); None/empty -> None (all tables)."""
+def parse_tables(arg: str | None) -> tuple[TableName, ...] | None:
+    """`--tables public.a,"S"."b,c"` -> (("public", "a"), ("S", "b,c")); None/empty -> None (all tables)."""
     if not arg:
         return None
-    out = []
-    for item in arg.split(","):
-        item = item.strip()
-        schema, dot, table = item.partition(".")
-        if not dot or not schema or not table:
-            raise MergeError(f"--tables: {item!r} must be written schema.table, e.g. public.orders")
-        out.append((schema, table))
-    return tuple(out)
+    try:
+        return TableName.parse_list(arg) or None
+    except ConfigError as e:
+        raise MergeError(f"--tables: {e}") from None

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slotlake.bronze import bronze_dir
-from slotlake.errors import DecodeError, PreflightError
+from slotlake.errors import DecodeError, PreflightError, SlotlakeError
 from slotlake.lsn import Lsn
+from slotlake.names import TableName
 from slotlake.source.ddl import TableDef, table_def_from_json
 
 if TYPE_CHECKING:
@@ -76,16 +77,9 @@ SELECT jsonb_build_object(
 """
 
 
-def _split(name: str) -> tuple[str, str]:
-    schema, dot, table = name.partition(".")
-    if not dot or not schema or not table:
-        raise PreflightError(f"table {name!r} must be written schema.table, e.g. public.orders")
-    return schema, table
-
-
 def read_table_defs(conn: psycopg.Connection, tables: list[str] | None = None) -> list[TableDef]:
-    """Definitions of `tables` ("schema.table", matched literally against pg_class, no case folding), or of
-    every ordinary and partitioned table outside the system schemas when None. Ordered by schema, name.
+    """Definitions of `tables` ("schema.table" as PostgreSQL reads it: `TableName.parse`), or of every ordinary
+    and partitioned table outside the system schemas when None. Ordered by schema, name.
 
     Raises PreflightError naming every requested table that does not exist.
     """
@@ -96,7 +90,10 @@ def _read(conn: psycopg.Connection, tables: list[str] | None) -> list[tuple[Tabl
     """(definition, its JSON object) per table: the JSON is what `archive_bootstrap` keeps."""
     from psycopg.rows import tuple_row
 
-    pairs = [_split(t) for t in tables] if tables is not None else []
+    try:
+        pairs = [TableName.parse(t) for t in tables] if tables is not None else []
+    except SlotlakeError as e:
+        raise PreflightError(f"table {e}") from None
     params = {"all": tables is None, "schemas": [s for s, _ in pairs], "names": [t for _, t in pairs]}
     with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
         # Pin search_path as sql/ddl_capture.sql does, so format_type/pg_get_expr qualify names identically;
@@ -107,15 +104,15 @@ def _read(conn: psycopg.Connection, tables: list[str] | None) -> list[tuple[Tabl
         cur.execute(_TABLE_DEFS, params)
         rows = cur.fetchall()
         cur.execute("SELECT set_config('search_path', %s, true)", [old_path])
-    defs = [(table_def_from_json(row[0], f"pg_catalog read of {row[0].get('schema')}.{row[0].get('name')}"), row[0])
-            for row in rows]
+    defs = [(table_def_from_json(row[0], f"pg_catalog read of {TableName(row[0].get('schema'), row[0].get('name'))}"),
+             row[0]) for row in rows]
     if tables is not None:
         found = {(d.schema, d.name) for d, _ in defs}
-        missing = [f"{s}.{t}" for s, t in pairs if (s, t) not in found]
+        missing = [str(p) for p in pairs if p not in found]
         if missing:
             raise PreflightError(f"table(s) not found in the source database: {', '.join(missing)}; check `tables:` "
-                                 "in the config (names are schema.table, case-sensitive, ordinary or partitioned "
-                                 "tables only)")
+                                 "in the config (names are schema.table, unquoted names folded to lower case, "
+                                 "\"Quoted\" names as written; ordinary or partitioned tables only)")
     log.info("read %d table definition(s) from pg_catalog", len(defs))
     return defs
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from slotlake.decode.messages import ReplicaIdentity
 from slotlake.errors import DecodeError, PreflightError
+from slotlake.names import TableName
 
 if TYPE_CHECKING:  # psycopg is not needed to parse events (Spark executors)
     import psycopg
@@ -65,7 +66,8 @@ class TableDef:
 
     @property
     def qualified_name(self) -> str:
-        return f"{self.schema}.{self.name}"
+        """The canonical `schema.table` (str(TableName): quoted where the name needs it)."""
+        return str(TableName(self.schema, self.name))
 
     @property
     def key_columns(self) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from psycopg import sql
 from slotlake import bronze
 from slotlake.config import Config, SourceConfig
 from slotlake.errors import PreflightError, SlotLostError
+from slotlake.names import TableName
 from slotlake.source.connection import connect, redact, resolve_dsn
 from slotlake.source.slot import PLUGIN, SlotInfo, current_wal_lsn, server_version_num, slot_info
 
@@ -29,7 +30,7 @@ class TableInfo:
     """A published table: `replica_identity` is pgoutput's letter (d, n, f, i); `key_columns` are the columns
     that identify a row in updates and deletes (empty for FULL, where the whole old row is the key, and NOTHING)."""
 
-    name: str  # schema.table
+    name: str  # canonical schema.table (str(TableName))
     oid: int
     replica_identity: str
     key_columns: tuple[str, ...]
@@ -51,13 +52,8 @@ class PreflightReport:
     warnings: tuple[str, ...]
 
 
-def _split(name: str) -> tuple[str, str]:
-    schema, _, table = name.partition(".")
-    return schema, table
-
-
 def _table_ident(name: str) -> sql.Composable:
-    return sql.Identifier(*_split(name))
+    return TableName.parse(name).sql()
 
 
 def _check_server(conn: psycopg.Connection, source: SourceConfig) -> tuple[str, int]:
@@ -83,14 +79,14 @@ def _check_role(conn: psycopg.Connection, source: SourceConfig) -> str:
 
 
 def _publication(conn: psycopg.Connection, name: str) -> tuple[bool, list[str]] | None:
-    """(puballtables, published tables as schema.table) or None if the publication does not exist."""
+    """(puballtables, published tables as canonical schema.table) or None if the publication does not exist."""
     row = conn.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
     if row is None:
         return None
-    tables = [f"{s}.{t}" for s, t in conn.execute(
+    tables = [str(TableName(s, t)) for s, t in conn.execute(
         "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s ORDER BY 1, 2", (name,))]
     # A partitioned table added directly is listed above by its partitions unless publish_via_partition_root.
-    members = [f"{s}.{t}" for s, t in conn.execute(
+    members = [str(TableName(s, t)) for s, t in conn.execute(
         "SELECT n.nspname, c.relname FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid "
         "JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE p.pubname = %s ORDER BY 1, 2", (name,))]
@@ -101,7 +97,7 @@ def _table_info(conn: psycopg.Connection, source: SourceConfig, name: str, user:
                 refuse_keyless: bool = True) -> TableInfo:
     """The table's identity and key. A keyless table (DEFAULT without a primary key, USING INDEX without its
     index) is refused when `refuse_keyless`, else returned with no key columns (merged as appends)."""
-    schema, table = _split(name)
+    schema, table = TableName.parse(name)
     row = conn.execute(
         "SELECT c.oid, c.relreplident, c.relkind, has_table_privilege(c.oid, 'SELECT') "
         "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",

@@ -19,7 +19,8 @@ SET TRANSACTION SNAPSHOT`, through ADBC (COPY binary into Arrow batches, streame
 large table is split into ctid block ranges (a TID range scan each). Values are PostgreSQL text, rendered by each
 type's output function with the pinned session settings, i.e. exactly the text pgoutput sends.
 
-Files: `<lake>/<source>/bronze/snapshot/<schema>.<table>/<copy id>/part-NNNNN.parquet` (columns c0..cN, strings)
+Files: `<lake>/<source>/bronze/snapshot/<schema>.<table>/<copy id>/part-NNNNN.parquet` (columns c0..cN, strings;
+the folder names encoded as in `slotlake.lake.path_segment`, so `.` separates exactly the two names)
 and `manifest.json` (columns, snapshot, parts done, `complete`). Parts are written under a hidden temporary name
 and renamed into place; the manifest is rewritten atomically after every part.
 
@@ -46,8 +47,10 @@ from psycopg import sql
 from slotlake import bronze
 from slotlake.config import Config, SourceConfig
 from slotlake.errors import PreflightError, SlotLostError, SnapshotError
+from slotlake.lake import name_of_segment, path_segment
 from slotlake.lsn import Lsn
 from slotlake.merge.visibility import CopySnapshot
+from slotlake.names import TableName
 from slotlake.source.catalog_read import archive_bootstrap, read_table_defs
 from slotlake.source.connection import connect, connect_bulk, resolve_dsn, scrub, session_dsn
 from slotlake.source.ddl import TableDef
@@ -92,7 +95,7 @@ class Generation:
 class TableCopy:
     """The manifest of one copy of one table (JSON in `manifest.json`)."""
 
-    table: str  # schema.table
+    table: str  # canonical schema.table (str(TableName))
     copy_id: str  # folder name: hex16 of the LSN the copy joins at (C, or the WAL position at a fresh snapshot)
     generation: str  # hex16 of the generation's consistent point
     kind: str  # "exported" (the slot's snapshot) | "current" (own snapshot, filtered by visibility)
@@ -175,8 +178,21 @@ def snapshot_dir(lake_root: str) -> Path:
     return bronze.bronze_dir(lake_root) / "snapshot"
 
 
+def copy_folder(table: str) -> str:
+    """`<schema>.<table>`, each name encoded by `path_segment` (plain names as they are)."""
+    schema, name = TableName.parse(table)
+    return f"{path_segment(schema)}.{path_segment(name)}"
+
+
+def table_of_copy_folder(folder: str) -> str | None:
+    """The canonical table name whose copies live in `folder` (None: not a folder `copy_folder` makes)."""
+    schema, dot, name = folder.partition(".")
+    parts = (name_of_segment(schema), name_of_segment(name)) if dot else (None, None)
+    return str(TableName(parts[0], parts[1])) if parts[0] and parts[1] else None
+
+
 def copy_dir(lake_root: str, table: str, copy_id: str) -> Path:
-    return snapshot_dir(lake_root) / table / copy_id
+    return snapshot_dir(lake_root) / copy_folder(table) / copy_id
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -274,7 +290,7 @@ def record_publication_start(conn: psycopg.Connection, lake_root: str, source: S
 
 def table_copies(lake_root: str, table: str) -> list[TableCopy]:
     """Every copy of `table` with a manifest, oldest first."""
-    folder = snapshot_dir(lake_root) / table
+    folder = snapshot_dir(lake_root) / copy_folder(table)
     if not folder.is_dir():
         return []
     out = []
@@ -325,14 +341,13 @@ def _value_expr(col: dict[str, Any], i: int) -> sql.Composable:
 
 
 def part_query(copy: TableCopy, part: _Part) -> sql.Composed:
-    schema, _, name = copy.table.partition(".")
     cols = sql.SQL(", ").join(_value_expr(c, i) for i, c in enumerate(copy.columns))
     where = []
     if part.lower is not None:
         where.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({part.lower},0)")))
     if part.upper is not None:
         where.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({part.upper},0)")))
-    query = sql.SQL("SELECT {} FROM {}").format(cols, sql.Identifier(schema, name))
+    query = sql.SQL("SELECT {} FROM {}").format(cols, TableName.parse(copy.table).sql())
     if where:
         query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(where))
     return query
@@ -567,7 +582,7 @@ def _plan_copies(conn: psycopg.Connection, tables: list[str], *, copy_id: str, g
 
 def _check_select(conn: psycopg.Connection, source: SourceConfig, tables: list[str]) -> None:
     for t in tables:
-        schema, _, name = t.partition(".")
+        schema, name = TableName.parse(t)
         ok = conn.execute("SELECT has_table_privilege(format('%%I.%%I', %s::text, %s::text), 'SELECT')",
                           (schema, name)).fetchone()[0]
         if not ok:
@@ -577,14 +592,15 @@ def _check_select(conn: psycopg.Connection, source: SourceConfig, tables: list[s
 
 
 def source_tables(conn: psycopg.Connection, source: SourceConfig) -> list[str]:
-    """The tables the source syncs: the configured ones (`tables` + `insert_only`), else every table its
-    publications carry (of its `schemas`, when set): tables created later included."""
+    """The tables the source syncs (canonical names): the configured ones (`tables` + `insert_only`), else every
+    table its publications carry (of its `schemas`, when set): tables created later included."""
     listed = source.listed_tables
     if listed is not None:
         return list(listed)
-    return [f"{s}.{t}" for s, t in conn.execute(
+    names = (str(TableName(s, t)) for s, t in conn.execute(
         "SELECT DISTINCT schemaname, tablename FROM pg_publication_tables WHERE pubname = ANY(%s) ORDER BY 1, 2",
-        (list(source.publications),)) if source.syncs(f"{s}.{t}")]
+        (list(source.publications),)))
+    return [n for n in names if source.syncs(n)]
 
 
 def create_slot_with_snapshot(cfg: Config, source: SourceConfig, *, reason: str = "new source",

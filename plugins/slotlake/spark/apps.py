@@ -65,23 +65,25 @@ def _sync(spark, cfg, args) -> list[str]:
 
 
 def _snapshot(spark, cfg, args) -> list[str]:
+    from slotlake.names import TableName
     from slotlake.spark.snapshot_job import load_snapshots
 
-    tables = [t.strip() for t in args.tables.split(",") if t.strip()] or None
+    tables = [str(t) for t in TableName.parse_list(args.tables)] or None
     done = [x for x in load_snapshots(spark, cfg, args.source, tables) if x.gold_version is not None]
     return [f"snapshot load {args.source}: {len(done)} table(s) loaded, {sum(x.rows for x in done)} rows"
             + "".join(f"; {x.table}: {x.rows} rows -> gold version {x.gold_version}" for x in done)]
 
 
 def _replay(spark, cfg, args) -> list[str]:
+    from slotlake.names import TableName
     from slotlake.replay import request
     from slotlake.spark.replay_job import run_replay
 
-    tables = [t for t in args.tables.split(",") if t.strip()] or None
+    tables = [str(t) for t in TableName.parse_list(args.tables)] or None
     result = run_replay(spark, cfg, request(args.source, args.from_, args.to, tables, args.dest or None))
     return [result.summary()] + [
-        f"  {t.schema_name}.{t.table_name}: {t.rows} rows from base {t.base_lsn} (gold version {t.base_version}) "
-        f"-> {t.target}" for t in result.tables]
+        f"  {TableName(t.schema_name, t.table_name)}: {t.rows} rows from base {t.base_lsn} "
+        f"(gold version {t.base_version}) -> {t.target}" for t in result.tables]
 
 
 APPS: dict[str, AppSpec] = {

@@ -33,11 +33,13 @@ from slotlake.decode.types import typed_value
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
-from slotlake.merge.plan import (COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, TXN_APP_ID, TXN_VERSION, USER_METADATA,
-                                 KeyStrategy, TablePlan, TableShape, merge_commit_conf, newest_watermark, plan_table,
-                                 schema_mismatch, watermark_of)
+from slotlake.merge.plan import (COLUMN_MAPPING, COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, TXN_APP_ID, TXN_VERSION,
+                                 USER_METADATA, KeyStrategy, TablePlan, TableShape, merge_commit_conf,
+                                 needs_column_mapping, newest_watermark, plan_table, schema_mismatch, watermark_of)
 from slotlake.merge.evolution import ColumnHistoryEvent, Evolution, column_events, plan_evolution
 from slotlake.merge.visibility import CopySnapshot, not_seen_by_copy
+from slotlake.names import TableName
+from slotlake.names import spark_ident as _q
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +104,7 @@ class MergeReport:
         changed = sum(t.changes for t in self.tables)
         out = (f"merge {self.source}: {len(self.tables)} table(s) at {self.end_lsn}, {changed} change(s), "
                f"{self.quarantined} quarantined value(s), {self.unapplied} unapplied change(s)")
-        evolved = [f"{t.schema_name}.{t.table_name}: {', '.join(t.schema_changes)}" for t in self.tables
+        evolved = [f"{TableName(t.schema_name, t.table_name)}: {', '.join(t.schema_changes)}" for t in self.tables
                    if t.schema_changes]
         if evolved:
             out += "; schema changes: " + "; ".join(evolved)
@@ -156,7 +158,8 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
               tables: Sequence[str] | Sequence[tuple[str, str]] | None = None, *,
               silver_path: str | None = None, gold_path_for: Callable[[str, str], str] | None = None,
               end_lsn: Lsn | None = None) -> MergeReport:
-    """Merge every table (or `tables`, "schema.table") of `source` up to silver's watermark.
+    """Merge every table (or `tables`: TableNames / (schema, table) pairs, or "schema.table" as PostgreSQL reads
+    it) of `source` up to silver's watermark.
 
     Guarantees: each table's change is one Delta commit carrying its watermark; re-running is a no-op; `_runs`
     gets one row per table (also for tables without changes) once every table has merged.
@@ -202,8 +205,8 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
             except MergeError as e:
                 errors.append(str(e))
             except Exception as e:  # a Spark/Delta failure: keep the table's name with it
-                log.exception("merge of %s.%s failed", *name)
-                errors.append(f"{name[0]}.{name[1]}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                log.exception("merge of %s failed", TableName(*name))
+                errors.append(f"{TableName(*name)}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     if errors:
         raise MergeError(f"merge {source} to {end} failed for {len(errors)} table(s): " + " | ".join(errors))
     report = MergeReport(source, end, tuple(results[n] for n in names), _dropped_tables(spark, paths, end))
@@ -226,21 +229,12 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
 def _table_names(silver: DataFrame, src: SourceConfig, end: Lsn,
                  tables: Sequence[str] | Sequence[tuple[str, str]] | None) -> list[tuple[str, str]]:
     if tables:
-        out = []
-        for t in tables:
-            if isinstance(t, str):
-                schema, dot, table = t.partition(".")
-                if not dot:
-                    raise MergeError(f"table {t!r} must be written schema.table, e.g. public.orders")
-                out.append((schema, table))
-            else:
-                out.append((t[0], t[1]))
-        return out
+        return [TableName.parse(t) if isinstance(t, str) else TableName(t[0], t[1]) for t in tables]
     if src.listed_tables:
-        return [tuple(t.split(".", 1)) for t in src.listed_tables]  # type: ignore[misc]
+        return [TableName.parse(t) for t in src.listed_tables]
     rows = (silver.where(F.col("commit_lsn") <= int(end)).select("schema_name", "table_name").distinct()
             .orderBy("schema_name", "table_name").collect())
-    return [(r[0], r[1]) for r in rows if src.syncs(f"{r[0]}.{r[1]}")]
+    return [TableName(r[0], r[1]) for r in rows if src.syncs(str(TableName(r[0], r[1])))]
 
 
 def _ensure_table(spark: SparkSession, path: str, schema: StructType) -> None:
@@ -276,7 +270,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
                  end: Lsn, changes_path: str, gold: str) -> TableMergeResult:
     from delta.tables import DeltaTable
 
-    name = f"{schema}.{table}"
+    name = str(TableName(schema, table))
     numeric = partial(src.numeric.unconstrained_for, name)
     state = delta_state(session, gold)
     exists, mark = state.version is not None, state.watermark
@@ -327,7 +321,10 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
                 raise MergeError(f"{name}: gold table {gold} does not match the table's definition in silver ({diff}); "
                                  "was it written by something else than slotlake? Resync the table")
         else:
-            session.createDataFrame([], wanted).write.format("delta").mode("ignore").save(gold)
+            writer = session.createDataFrame([], wanted).write.format("delta").mode("ignore")
+            if needs_column_mapping(wanted.fieldNames()):
+                writer = writer.option(COLUMN_MAPPING, "name")
+            writer.save(gold)
 
     after = batch
     if trunc is not None:  # changes before the (last) TRUNCATE are void: it empties the table at its LSN
@@ -483,13 +480,15 @@ def _evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, pl
     table = DeltaTable.forPath(session, gold)
     current = {f.name: f.dataType for f in table.toDF().schema.fields}
     props = table.detail().select("properties").collect()[0][0] or {}
-    ref = f"delta.`{gold.replace('`', '``')}`"
+    ref = f"delta.{_q(gold)}"
     done: list[str] = []
     renames = [(o, n) for o, n in evo.renames if o in current and n not in current]
     drops = [d for d in evo.drops if d in current]
-    if (renames or drops) and props.get("delta.columnMapping.mode") != "name":
-        # Column mapping by name: a rename or drop changes metadata only, the data files stay as they are.
-        session.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name')")
+    new_names = [n for _, n in renames] + [a.name for a in evo.adds if a.name not in current]
+    if (renames or drops or needs_column_mapping(new_names)) and props.get(COLUMN_MAPPING) != "name":
+        # Column mapping by name: a rename or drop changes metadata only, the data files stay as they are; and
+        # Delta allows names with spaces, commas, parentheses ... only under it.
+        session.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES ('{COLUMN_MAPPING}' = 'name')")
     for old, new in renames:
         session.sql(f"ALTER TABLE {ref} RENAME COLUMN {_q(old)} TO {_q(new)}")
         current[new] = current.pop(old)
@@ -579,7 +578,7 @@ def _dropped_tables(spark: SparkSession, paths: LakePaths, end: Lsn) -> tuple[st
     for v in read_catalog(spark, paths.catalog):
         if v.rel_oid not in latest or v.version > latest[v.rel_oid].version:
             latest[v.rel_oid] = v
-    return tuple(sorted(f"{v.schema_name}.{v.table_name} (dropped at {Lsn(v.valid_to_lsn)})"
+    return tuple(sorted(f"{TableName(v.schema_name, v.table_name)} (dropped at {Lsn(v.valid_to_lsn)})"
                         for v in latest.values() if v.valid_to_lsn is not None and v.valid_to_lsn <= int(end)))
 
 
@@ -741,10 +740,11 @@ def _keyed_final(plan: TablePlan, ch: DataFrame, target: DataFrame | None) -> Da
     if target is not None:
         live = target if not plan.soft_delete else target.where(~F.col(DELETED_COL))
         roots = rows.where((F.col("rid") == F.col("__id")) & (F.col("op") != "I"))
-        cond = _and([roots[f"__ok"].getField(f"k{j}").eqNullSafe(live[shape.columns[k]]) for j, k in enumerate(keys)])
+        cond = _and([roots["__ok"].getField(f"k{j}").eqNullSafe(live[_q(shape.columns[k])])
+                     for j, k in enumerate(keys)])
         seeds = roots.join(live, cond).select(
             "rid", F.col("rid").alias("__id"), F.lit(0).alias("__sub"),
-            *[F.struct(live[c].alias("v")).alias(f"__w{i}") for i, c in enumerate(shape.columns)])
+            *[F.struct(live[_q(c)].alias("v")).alias(f"__w{i}") for i, c in enumerate(shape.columns)])
         rows = rows.unionByName(seeds, allowMissingColumns=True)
     by_rid = Window.partitionBy("rid").orderBy("__id", "__sub")
     lw = by_rid.rowsBetween(Window.unboundedPreceding, 0)
@@ -829,7 +829,7 @@ def _full_row_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None
                                      F.max_by(F.struct("commit_lsn", "commit_ts"), "__id").alias("last"))
     if target is not None:
         live = target if not plan.soft_delete else target.where(~F.col(DELETED_COL))
-        counts = live.select(F.struct(*[F.col(f"`{c}`").alias(f"c{i}") for i, c in enumerate(shape.columns)])
+        counts = live.select(F.struct(*[F.col(_q(c)).alias(f"c{i}") for i, c in enumerate(shape.columns)])
                              .alias("trow")).groupBy("trow").agg(F.count(F.lit(1)).alias("tc"))
         delta = delta.join(counts, delta["row"].eqNullSafe(counts["trow"]), "left")
         tc = F.coalesce(F.col("tc"), F.lit(0))
@@ -850,10 +850,6 @@ def _full_row_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None
 
 
 # ---- the one Delta commit ----------------------------------------------------------------------------------
-
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
 
 def _execute_merge(session: SparkSession, src: SourceConfig, gold: str, schema: str, table: str, end: Lsn,
                    plan: TablePlan | None, soft: bool, source_df: DataFrame | None, trunc: _Truncate | None) -> None:

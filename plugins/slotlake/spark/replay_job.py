@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from slotlake.bronze import covered_lsn, max_archived_end
 from slotlake.config import Config
 from slotlake.errors import SlotlakeError
-from slotlake.lake import LakePaths
+from slotlake.lake import LakePaths, table_dir
 from slotlake.lsn import Lsn
-from slotlake.merge.plan import watermark_of
+from slotlake.merge.plan import COLUMN_MAPPING, needs_column_mapping, watermark_of
+from slotlake.names import TableName
 from slotlake.replay import Point, ReplayRequest, format_point
 from slotlake.spark.decode_job import decode_range, decode_watermark
 
@@ -136,7 +137,7 @@ def _tables(spark, cfg: Config, req: ReplayRequest, scratch_changes: str, runs_p
         return list(req.tables)
     src = cfg.source(req.source)
     if src.listed_tables:
-        return [tuple(t.split(".", 1)) for t in src.listed_tables]  # type: ignore[misc]
+        return [TableName.parse(t) for t in src.listed_tables]
     names = {(r[0], r[1]) for r in spark.read.format("delta").load(scratch_changes)
              .select("schema_name", "table_name").distinct().collect()}
     if DeltaTable.isDeltaTable(spark, runs_path):
@@ -152,11 +153,13 @@ def _build(spark, cfg: Config, source: str, schema: str, table: str, base: tuple
 
     _delete_path(spark, target)  # a new table: no data and no idempotent-write ids of an earlier run
     if base is not None:
-        (spark.read.format("delta").option("versionAsOf", base[1]).load(gold)
-         .write.format("delta").mode("overwrite")
-         .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(base[0]), "stage": "merge"}}))
-         .save(target))
-    run_merge(spark, cfg, source, [f"{schema}.{table}"], silver_path=silver,
+        state = spark.read.format("delta").option("versionAsOf", base[1]).load(gold)
+        writer = (state.write.format("delta").mode("overwrite")
+                  .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(base[0]), "stage": "merge"}})))
+        if needs_column_mapping(state.columns):
+            writer = writer.option(COLUMN_MAPPING, "name")
+        writer.save(target)
+    run_merge(spark, cfg, source, [TableName(schema, table)], silver_path=silver,
               gold_path_for=lambda s, t: target, end_lsn=end)
 
 
@@ -202,14 +205,14 @@ def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
         results = []
         if req.dest is not None:
             for (s, t), base in sorted(bases.items()):
-                target = f"{req.dest.rstrip('/')}/{s}/{t}"
+                target = table_dir(req.dest, s, t)
                 _build(spark, cfg, source, s, t, base, paths.gold(s, t), target, scratch_changes, to)
                 results.append(_result(spark, s, t, base, target))
         else:
             _replace_silver(spark, scratch_changes, paths.changes, after, to, silver_end, req, frm)
             for (s, t), base in sorted(bases.items()):
                 gold = paths.gold(s, t)
-                rebuilt = f"{scratch}/gold/{s}/{t}"
+                rebuilt = table_dir(f"{scratch}/gold", s, t)
                 _build(spark, cfg, source, s, t, base, gold, rebuilt, paths.changes, silver_end)
                 df = spark.read.format("delta").load(rebuilt) if DeltaTable.isDeltaTable(spark, rebuilt) else None
                 if df is None:

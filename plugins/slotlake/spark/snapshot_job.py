@@ -26,9 +26,11 @@ from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, Stru
 
 from slotlake.config import Config
 from slotlake.lake import LakePaths
-from slotlake.merge.plan import (COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, USER_METADATA, KeyStrategy,
-                                 TableShape, plan_table, stage_metadata)
+from slotlake.merge.plan import (COLUMN_MAPPING, COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, USER_METADATA,
+                                 KeyStrategy, TableShape, needs_column_mapping, plan_table, stage_metadata)
 from slotlake.merge.visibility import CopySnapshot
+from slotlake.names import TableName
+from slotlake.names import spark_ident as _q
 from slotlake.source.snapshot import TableCopy, part_paths, pending_loads
 from slotlake.spark.merge_job import ensure_quarantine, quarantine_bad_values, typed_changes
 
@@ -86,7 +88,7 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
     """Create or replace one gold table from a complete copy, in one Delta commit. No-op if already loaded."""
     src = cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
-    schema, _, table = copy.table.partition(".")
+    schema, table = TableName.parse(copy.table)
     gold = paths.gold(schema, table)
     loaded = _gold_property(spark, gold)
     if loaded and loaded.get("copy_id") == copy.copy_id and loaded.get("generation") == copy.generation:
@@ -115,9 +117,11 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
         out = out.select(*[F.col(_q(f.name)).cast(f.dataType).alias(f.name) for f in plan.gold_schema.fields])
         spark.conf.set(USER_METADATA, stage_metadata(copy.watermark, STAGE))
         try:
-            (out.writeTo(f"delta.`{gold}`").using("delta")
-             .tableProperty(SNAPSHOT_PROPERTY, json.dumps(_property_doc(copy), separators=(",", ":")))
-             .createOrReplace())
+            writer = (out.writeTo(f"delta.{_q(gold)}").using("delta")
+                      .tableProperty(SNAPSHOT_PROPERTY, json.dumps(_property_doc(copy), separators=(",", ":"))))
+            if needs_column_mapping(shape.columns):
+                writer = writer.tableProperty(COLUMN_MAPPING, "name")
+            writer.createOrReplace()
         finally:
             spark.conf.unset(USER_METADATA)
     finally:
@@ -130,8 +134,10 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
     return SnapshotLoad(copy.table, copy.copy_id, copy.rows, version, quarantined)
 
 
-def _q(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
+def _is_delta(spark: SparkSession, path: str) -> bool:
+    from delta.tables import DeltaTable
+
+    return DeltaTable.isDeltaTable(spark, path)
 
 
 def load_snapshots(spark: SparkSession, cfg: Config, source: str,
@@ -142,13 +148,17 @@ def load_snapshots(spark: SparkSession, cfg: Config, source: str,
     src = cfg.source(source)
     if "://" in paths.root and not paths.root.startswith("file://"):
         return []  # copies live in bronze, which is local only: a lake on an object store holds none
-    names = list(tables or src.listed_tables or [t for t in _copied_tables(paths.root) if src.syncs(t)])
+    names = ([str(TableName.parse(t)) for t in tables] if tables else
+             list(src.listed_tables or [t for t in _copied_tables(paths.root) if src.syncs(t)]))
     return [load_table(spark, cfg, source, c) for c in pending_loads(paths.root, names)]
 
 
 def _copied_tables(lake_root: str) -> list[str]:
-    from slotlake.source.snapshot import GENERATIONS, PUBLICATIONS, snapshot_dir
+    from slotlake.source.snapshot import GENERATIONS, PUBLICATIONS, snapshot_dir, table_of_copy_folder
 
     folder = snapshot_dir(lake_root)
-    return sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name not in (GENERATIONS, PUBLICATIONS)
-                  ) if folder.is_dir() else []
+    if not folder.is_dir():
+        return []
+    names = (table_of_copy_folder(p.name) for p in folder.iterdir()
+             if p.is_dir() and p.name not in (GENERATIONS, PUBLICATIONS))
+    return sorted(n for n in names if n is not None)
