@@ -75,6 +75,7 @@ class SourceConfig:
     start_date: str
     on_bad_value: str  # quarantine | fail
     on_drop_column: str = "keep"  # keep | drop: what gold does with a column dropped in the source
+    origin: str = "any"  # any | none: `none` skips changes other logical replication applied (PostgreSQL 16+)
 
     def lake_path(self, lake: str) -> str:
         return f"{lake.rstrip('/')}/{self.name}"
@@ -102,7 +103,7 @@ _SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit"}
 _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_mb"}
 _SNAPSHOT_KEYS = {"workers", "part_pages"}
 _SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
-                "start_date", "on_bad_value", "on_drop_column"}
+                "start_date", "on_bad_value", "on_drop_column", "origin"}
 
 
 def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
@@ -186,9 +187,13 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
     if on_drop_column not in ("keep", "drop"):
         raise ConfigError(f"{where}.on_drop_column: {on_drop_column!r} must be keep (the gold column stays, NULL "
                           "from the drop on) or drop (the gold column is dropped with its data)")
+    origin = raw.get("origin", "any")
+    if origin not in ("any", "none"):
+        raise ConfigError(f"{where}.origin: {origin!r} must be any (every change) or none (skip changes applied by "
+                          "other logical replication, PostgreSQL 16+)")
     return SourceConfig(name=name, dsn=dsn, conn_id=conn_id, slot=slot, publication=publication, tables=tables,
                         schedule=schedule, delete_mode=delete_mode, history=history, start_date=start_date,
-                        on_bad_value=on_bad_value, on_drop_column=on_drop_column)
+                        on_bad_value=on_bad_value, on_drop_column=on_drop_column, origin=origin)
 
 
 def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = None) -> Config:
