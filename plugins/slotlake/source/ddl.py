@@ -63,6 +63,9 @@ class TableDef:
     replica_identity: ReplicaIdentity
     columns: tuple[ColumnDef, ...]  # attnum order, dropped columns left out
     kind: str = "r"  # 'r' table, 'p' partitioned table
+    # Whether the publication sends stored generated columns (PostgreSQL 18+, publish_generated_columns = stored).
+    # Not part of the definition itself: set from the source's publication (see catalog_read.generated_published).
+    generated_published: bool = False
 
     @property
     def qualified_name(self) -> str:
@@ -75,10 +78,10 @@ class TableDef:
 
     @property
     def replicated_columns(self) -> tuple[ColumnDef, ...]:
-        """The columns pgoutput sends, in Relation-message order: stored generated columns are left out (pgoutput
-        sends them only from PostgreSQL 18 with publish_generated_columns). Position i+1 here is the
-        `_catalog` column position."""
-        return tuple(c for c in self.columns if not c.generated)
+        """The columns pgoutput sends, in Relation-message order: stored generated columns only when the
+        publication publishes them (`generated_published`: PostgreSQL 18+ with publish_generated_columns = stored).
+        Position i+1 here is the `_catalog` column position."""
+        return tuple(c for c in self.columns if not c.generated or self.generated_published)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,10 +38,10 @@ from psycopg import sql
 
 from slotlake import bronze
 from slotlake.config import Config, SourceConfig
-from slotlake.errors import ExtractError, SlotLostError
+from slotlake.errors import ExtractError, PreflightError, SlotLostError
 from slotlake.lsn import Lsn
 from slotlake.source.connection import connect, connect_bulk, resolve_dsn, scrub
-from slotlake.source.slot import advance_slot, current_flush_lsn, slot_info
+from slotlake.source.slot import advance_slot, current_flush_lsn, idle_slot_timeout, lost_slot_message, slot_info
 from slotlake.source.snapshot import publication_start
 
 log = logging.getLogger(__name__)
@@ -119,17 +119,43 @@ def _scan(call: _Call, batch: pa.RecordBatch) -> None:
         call.open_transaction = True
 
 
+ORIGIN_NONE_MIN_VERSION = 160000  # pgoutput's `origin` option
+
+
+def origin_option(source: SourceConfig, server_version: int) -> str | None:
+    """pgoutput's `origin` option for the source (None: not passed, every change is sent).
+
+    `origin: none` makes pgoutput skip changes that carry a replication origin, i.e. that another logical
+    replication (a subscription) applied to this database, so a two-way setup does not echo them back.
+    """
+    if source.origin == "any":
+        return None
+    if server_version < ORIGIN_NONE_MIN_VERSION:
+        raise PreflightError(f"source {source.name}: origin: none needs PostgreSQL 16 or newer (pgoutput's origin "
+                             f"option), the server is {server_version // 10000}; remove sources.{source.name}.origin "
+                             "or set it to any")
+    return source.origin
+
+
 def _peek_query(conn, source: SourceConfig, upto_lsn: Lsn, upto_nchanges: int,
                 publications: tuple[str, ...] | None = None) -> str:
     # pg_lsn and xid have no Arrow type in ADBC: cast them to bigint. publication_names is parsed as an
     # identifier list, so the names are passed quoted.
     names = ",".join(sql.Identifier(p).as_string(conn) for p in (publications or source.publications))
+    origin = origin_option(source, conn.info.server_version)
     query = sql.SQL(
         "SELECT (lsn - '0/0'::pg_lsn)::bigint AS lsn, xid::text::bigint AS xid, data "
         "FROM pg_logical_slot_peek_binary_changes({slot}, {upto}::pg_lsn, {n}, "
-        "'proto_version', '1', 'publication_names', {pub}, 'messages', 'true')"
+        "'proto_version', '1', 'publication_names', {pub}, 'messages', 'true'{origin})"
     ).format(slot=sql.Literal(source.slot), upto=sql.Literal(str(upto_lsn)), n=sql.Literal(upto_nchanges),
-             pub=sql.Literal(names))
+             pub=sql.Literal(sql.Identifier(source.publication).as_string(conn)),
+             origin=sql.SQL(", 'origin', {}").format(sql.Literal(origin)) if origin else sql.SQL(""))
+def _peek_query(conn, source: SourceConfig, upto_lsn: Lsn, upto_nchanges: int,
+                publications: tuple[str, ...] | None = None) -> str:
+    # pg_lsn and xid have no Arrow type in ADBC: cast them to bigint. publication_names is parsed as an
+    # identifier list, so the names are passed quoted.
+    names = ",".join(sql.Identifier(p).as_string(conn) for p in (publications or source.publications))
+    origin = origin_option(source, conn.info.server_version)
     return query.as_string(conn)
 
 
@@ -204,8 +230,7 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
                                 f"run `slotlake sync {source.name}` (preflight creates it) or, if it was dropped "
                                 f"after bronze had files, `slotlake resync {source.name}`")
         if info.invalidated:
-            raise SlotLostError(f"slot {source.slot} was invalidated ({info.invalidated}); changes were lost; "
-                                f"run `slotlake resync {source.name}`")
+            raise SlotLostError(lost_slot_message(info, source.name, idle_slot_timeout(conn)))
         for name in bronze.remove_abandoned(root):
             log.warning("extract %s: removed %s, left by a run that died while writing it", source.name, name)
         position = info.confirmed_flush_lsn

@@ -16,8 +16,11 @@ from slotlake import bronze
 from slotlake.config import Config, SourceConfig
 from slotlake.errors import PreflightError, SlotLostError
 from slotlake.names import TableName
+from slotlake.source.catalog_read import generated_published, list_bootstrap
 from slotlake.source.connection import connect, redact, resolve_dsn
-from slotlake.source.slot import PLUGIN, SlotInfo, current_wal_lsn, server_version_num, slot_info
+from slotlake.source.extract import origin_option
+from slotlake.source.slot import (PLUGIN, SlotInfo, current_wal_lsn, format_seconds, idle_slot_timeout,
+                                  lost_slot_message, server_version_num, slot_info)
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +139,9 @@ def _ensure_publication(conn: psycopg.Connection, source: SourceConfig) -> tuple
     if existing is None and not source.tables:
         return _create_every_table_publication(conn, source), True, (), warnings
     if existing is None:
-        # Changes of a partitioned table's partitions are published as changes of the table itself (its name,
-        # its columns), so its gold table is the one the config names.
-        stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)").format(
-            sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in source.tables))
+        stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(
+            sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in source.tables),
+            sql.SQL(publication_options(server_version_num(conn))))
         try:
             conn.execute(stmt)
         except psycopg.errors.InsufficientPrivilege as e:
@@ -196,8 +198,8 @@ def _create_every_table_publication(conn: psycopg.Connection, source: SourceConf
     """No table list: the publication follows every table (or every table of `schemas`), including tables
     created later, as Debezium's `publication.autocreate.mode=all_tables` does. Needs a superuser."""
     pub = source.publication
-    stmt = sql.SQL("CREATE PUBLICATION {} {} WITH (publish_via_partition_root = true)").format(
-        sql.Identifier(pub), _every_table_clause(source))
+    stmt = sql.SQL("CREATE PUBLICATION {} {} WITH ({})").format(
+        sql.Identifier(pub), _every_table_clause(source), sql.SQL(publication_options(server_version_num(conn))))
     try:
         conn.execute(stmt)
     except psycopg.errors.InsufficientPrivilege as e:
@@ -242,9 +244,10 @@ def _ensure_insert_only_publication(conn: psycopg.Connection, cfg: Config, sourc
     row = conn.execute("SELECT pubupdate OR pubdelete, pubviaroot FROM pg_publication WHERE pubname = %s",
                        (pub,)).fetchone()
     if row is None:
-        stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert, truncate', "
-                       "publish_via_partition_root = true)").format(
-            sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in source.insert_only))
+        # The same options as the main publication (generated columns on 18: one catalog flag for the slot).
+        stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert, truncate', {})").format(
+            sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in source.insert_only),
+            sql.SQL(publication_options(server_version_num(conn))))
         created = True
     else:
         if row[0] or not row[1]:
@@ -274,6 +277,33 @@ def _ensure_insert_only_publication(conn: psycopg.Connection, cfg: Config, sourc
     log.info("source %s: %s publication %s (inserts and truncates) for %s", source.name,
              "created" if created else "completed", pub, ", ".join(source.insert_only))
     return created
+
+
+def publication_options(server_version: int) -> str:
+    """The WITH options of the publications slotlake creates. Changes of a partitioned table's partitions are
+    published as changes of the table itself (its name, its columns), so its gold table is the one the config
+    names. From PostgreSQL 18 stored generated columns are published too, so gold has every column the table has
+    (before 18 pgoutput cannot send them)."""
+    options = ["publish_via_partition_root = true"]
+    if server_version >= 180000:
+        options.append("publish_generated_columns = stored")
+    return ", ".join(options)
+
+
+def _check_generated_columns(conn: psycopg.Connection, cfg: Config, source: SourceConfig) -> None:
+    """The publication must still send (or not send) stored generated columns as it did when the slot was created:
+    the lake's table definitions for this slot assume that setting (column positions in the change tuples)."""
+    boots = list_bootstrap(f"{cfg.lake.rstrip('/')}/{source.name}")
+    if not boots:
+        return
+    then, now = boots[-1].generated_published, generated_published(conn, source.publication)
+    if then != now:
+        old = "stored" if then else "none"
+        raise PreflightError(
+            f"source {source.name}: publication {source.publication} {'now' if now else 'no longer'} publishes "
+            f"stored generated columns (publish_generated_columns), unlike when slot {source.slot} was created at "
+            f"{boots[-1].lsn}; set it back (ALTER PUBLICATION {source.publication} SET (publish_generated_columns = "
+            f"{old})) or run `slotlake resync {source.name}` to start over with the new setting")
 
 
 def _check_partition_root(conn: psycopg.Connection, source: SourceConfig, tables: tuple[TableInfo, ...]) -> None:
@@ -319,12 +349,7 @@ def _check_slot(conn: psycopg.Connection, cfg: Config, source: SourceConfig) -> 
         raise PreflightError(f"source {source.name}: slot {source.slot} belongs to database {info.database!r}, "
                              f"not {database!r}; set sources.{source.name}.slot to a name of its own")
     if info.invalidated:
-        raise SlotLostError(
-            f"slot {source.slot} was invalidated ({info.invalidated}): the server removed WAL the slot still "
-            f"needed, so changes after {info.confirmed_flush_lsn} are lost; run `slotlake resync {source.name}`"
-            if info.invalidated == "wal_removed" else
-            f"slot {source.slot} was invalidated ({info.invalidated}): it can no longer be read; "
-            f"run `slotlake resync {source.name}`")
+        raise SlotLostError(lost_slot_message(info, source.name, idle_slot_timeout(conn)))
     return info, False
 
 
@@ -334,6 +359,7 @@ def run_preflight(cfg: Config, source: SourceConfig) -> PreflightReport:
     log.info("source %s: preflight against %s", source.name, redact(dsn))
     with connect(source) as conn:
         version_text, version = _check_server(conn, source)
+        origin_option(source, version)  # origin: none needs 16+: refuse before creating anything
         user = _check_role(conn, source)
         if source.tables:
             for t in source.tables:  # fail on a missing table before touching the publication
@@ -363,6 +389,8 @@ def run_preflight(cfg: Config, source: SourceConfig) -> PreflightReport:
                                 f"are published, so its updates and deletes never reach gold; move it to "
                                 f"sources.{source.name}.tables")
         slot, slot_created = _check_slot(conn, cfg, source)
+        if not slot_created:
+            _check_generated_columns(conn, cfg, source)
         retained = None
         if slot.restart_lsn is not None:
             retained = current_wal_lsn(conn) - slot.restart_lsn
@@ -371,6 +399,12 @@ def run_preflight(cfg: Config, source: SourceConfig) -> PreflightReport:
                 warnings.append(f"slot {source.slot} retains {retained / 1024 / 1024:.0f} MB of WAL (more than "
                                 f"extract.warn_retained_wal_mb = {cfg.extract.warn_retained_wal_mb}); run syncs "
                                 "more often or raise extract.upto_nchanges / max_calls")
+        idle_timeout = idle_slot_timeout(conn)
+        if idle_timeout:
+            warnings.append(f"the server's idle_replication_slot_timeout is {format_seconds(idle_timeout)}: slot "
+                            f"{source.slot} is unused between syncs, so a checkpoint invalidates it when no sync "
+                            "runs for that long (then only `slotlake resync` recovers); sync more often than that, "
+                            "or set idle_replication_slot_timeout = 0")
     if not slot_created:
         # Tables without a complete initial copy in this slot's generation (added to the config, or a copy that
         # died halfway) are copied now, joined to the stream by their own snapshot (source/snapshot.py).

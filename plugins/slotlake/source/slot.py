@@ -26,7 +26,9 @@ class SlotInfo:
     restart_lsn: Lsn | None
     confirmed_flush_lsn: Lsn | None
     conflicting: bool | None = None  # PG 16+
-    invalidation_reason: str | None = None  # PG 17+
+    # PG 17+: wal_removed, rows_removed, wal_level_insufficient; 18+ also idle_timeout
+    invalidation_reason: str | None = None
+    inactive_since: str | None = None  # PG 17+: when the slot was last released (ISO time), None while active
 
     @property
     def invalidated(self) -> str | None:
@@ -55,16 +57,53 @@ def slot_info(conn: psycopg.Connection, slot: str) -> SlotInfo | None:
     if version >= 160000:
         extra.append("conflicting")
     if version >= 170000:
-        extra.append("invalidation_reason")
+        extra += ["invalidation_reason", "inactive_since"]
     cols = ", ".join(["slot_name", "plugin", "slot_type", "database", "active", "wal_status",
                       "restart_lsn::text", "confirmed_flush_lsn::text", *extra])
     row = conn.execute(f"SELECT {cols} FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
     if row is None:
         return None
-    named = dict(zip(["conflicting", "invalidation_reason"], row[8:]))
+    named = dict(zip(extra, row[8:]))
+    since = named.get("inactive_since")
     return SlotInfo(name=row[0], plugin=row[1], slot_type=row[2], database=row[3], active=row[4],
                     wal_status=row[5], restart_lsn=_lsn(row[6]), confirmed_flush_lsn=_lsn(row[7]),
-                    conflicting=named.get("conflicting"), invalidation_reason=named.get("invalidation_reason"))
+                    conflicting=named.get("conflicting"), invalidation_reason=named.get("invalidation_reason"),
+                    inactive_since=since.isoformat() if since is not None else None)
+
+
+def idle_slot_timeout(conn: psycopg.Connection) -> int | None:
+    """The server's `idle_replication_slot_timeout` in seconds (PostgreSQL 18+; 0 = off), None before 18.
+
+    A checkpoint invalidates a slot unused for longer than this, and slotlake's slot is unused between runs.
+    """
+    if server_version_num(conn) < 180000:
+        return None
+    return int(conn.execute("SELECT setting FROM pg_settings WHERE name = 'idle_replication_slot_timeout'")
+               .fetchone()[0])
+
+
+def format_seconds(seconds: int) -> str:
+    """60 -> '1min', 5400 -> '90min', 7200 -> '2h', 45 -> '45s' (PostgreSQL's own units)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def lost_slot_message(info: SlotInfo, source_name: str, idle_timeout: int | None = None) -> str:
+    """What an invalidated slot means for the lake, and what to do (preflight and extract raise it)."""
+    reason = info.invalidated
+    lost = f"changes after {info.confirmed_flush_lsn} are lost" if info.confirmed_flush_lsn else "changes are lost"
+    fix = f"run `slotlake resync {source_name}`"
+    if reason == "wal_removed":
+        return f"slot {info.name} was invalidated ({reason}): the server removed WAL the slot still needed, so " \
+               f"{lost}; {fix}"
+    if reason == "idle_timeout":
+        limit = f" ({format_seconds(idle_timeout)})" if idle_timeout else ""
+        return f"slot {info.name} was invalidated ({reason}): it was unused for longer than the server's " \
+               f"idle_replication_slot_timeout{limit}, so {lost}; {fix}, then sync more often than that or raise " \
+               "idle_replication_slot_timeout"
+    return f"slot {info.name} was invalidated ({reason}): it can no longer be read, so {lost}; {fix}"
 
 
 def create_slot(conn: psycopg.Connection, slot: str) -> Lsn:

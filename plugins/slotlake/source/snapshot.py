@@ -51,7 +51,7 @@ from slotlake.lake import name_of_segment, path_segment
 from slotlake.lsn import Lsn
 from slotlake.merge.visibility import CopySnapshot
 from slotlake.names import TableName
-from slotlake.source.catalog_read import archive_bootstrap, read_table_defs
+from slotlake.source.catalog_read import archive_bootstrap, generated_published, read_table_defs
 from slotlake.source.connection import connect, connect_bulk, resolve_dsn, scrub, session_dsn
 from slotlake.source.ddl import TableDef
 from slotlake.source.slot import PLUGIN, SlotInfo, current_wal_lsn, slot_info
@@ -559,10 +559,12 @@ def _reason(message: str, dsn: str) -> str:
 
 
 def _plan_copies(conn: psycopg.Connection, tables: list[str], *, copy_id: str, gen: Generation, kind: str,
-                 snapshot_text: str, lsn_after: Lsn) -> tuple[list[TableCopy], dict[str, int]]:
+                 snapshot_text: str, lsn_after: Lsn, publication: str) -> tuple[list[TableCopy], dict[str, int]]:
     """Manifests (not yet written) and heap sizes in blocks (-1: partitioned) of `tables`, read in `conn`'s
-    transaction (which runs under the copy's snapshot, so the definitions match it)."""
-    defs = {d.qualified_name: d for d in read_table_defs(conn, tables)}
+    transaction (which runs under the copy's snapshot, so the definitions match it). The copy has the columns
+    the publication sends (stored generated ones too on PostgreSQL 18 with publish_generated_columns)."""
+    defs = {d.qualified_name: d for d in read_table_defs(
+        conn, tables, generated_published=generated_published(conn, publication))}
     copies, pages = [], {}
     for t in tables:
         d = defs[t]
@@ -636,10 +638,12 @@ def create_slot_with_snapshot(cfg: Config, source: SourceConfig, *, reason: str 
             tables = source_tables(conn, source)
             _check_select(conn, source, tables)
             # The table definitions in force at the consistent point, for the multi-version catalog.
-            archive_bootstrap(conn, root, tables, consistent)
+            archive_bootstrap(conn, root, tables, consistent,
+                              generated_published=generated_published(conn, source.publication))
             snap_text = conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]
             copies, pages = _plan_copies(conn, tables, copy_id=consistent.hex16, gen=gen, kind="exported",
-                                         snapshot_text=snap_text, lsn_after=consistent)
+                                         snapshot_text=snap_text, lsn_after=consistent,
+                                         publication=source.publication)
             results = copy_tables(root, source, copies, snapshot_name, pages, **_sizes(cfg, workers, part_pages))
             conn.rollback()
     report = SnapshotReport(source=source.name, generation=consistent, slot_created=True, copies=tuple(results))
@@ -678,7 +682,7 @@ def copy_tables_now(cfg: Config, source: SourceConfig, tables: list[str], gen: G
         # Read after the snapshot: every transaction it saw has its commit record before this position.
         lsn_after = Lsn.parse(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
         copies, pages = _plan_copies(conn, tables, copy_id=lsn_after.hex16, gen=gen, kind="current",
-                                     snapshot_text=snap_text, lsn_after=lsn_after)
+                                     snapshot_text=snap_text, lsn_after=lsn_after, publication=source.publication)
         log.info("snapshot %s: copying %s under snapshot %s (WAL %s), joined to slot generation %s",
                  source.name, ", ".join(tables), snap_text, lsn_after, gen.consistent_point)
         results = copy_tables(root, source, copies, snapshot_name, pages, **_sizes(cfg, workers, part_pages))

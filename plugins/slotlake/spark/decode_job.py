@@ -43,7 +43,7 @@ from slotlake.decode.messages import Column, Relation, ReplicaIdentity
 from slotlake.errors import DecodeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
-from slotlake.source.catalog_read import BootstrapCatalog, list_bootstrap
+from slotlake.source.catalog_read import BootstrapCatalog, as_published, list_bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -336,7 +336,8 @@ def _update_catalog(spark, path: str, rows: list, boots: list[BootstrapCatalog],
                 log.warning("DDL event at %s could not capture the definition (%s); the catalog follows the "
                             "Relation messages for it", Lsn(r["commit_lsn"]), event.error)
             for table in event.tables:
-                definitions.append(table_def_definition(r["commit_lsn"], r["lsn"], table, "ddl"))
+                definitions.append(table_def_definition(r["commit_lsn"], r["lsn"],
+                                                        as_published(table, boots, r["commit_lsn"]), "ddl"))
             for gone in event.dropped:
                 definitions.append(drop_definition(r["commit_lsn"], r["lsn"], gone.oid, gone.schema, gone.name))
     current = read_catalog(spark, path)

@@ -423,11 +423,12 @@ def _column_events(session: SparkSession, paths: LakePaths, schema: str, table: 
     capture is in use (the `_ddl_log` holds events)."""
     from delta.tables import DeltaTable
 
-    from slotlake.source.catalog_read import list_bootstrap
+    from slotlake.source.catalog_read import as_published, list_bootstrap
     from slotlake.source.ddl import parse_ddl_event
     from slotlake.spark.decode_job import ddl_log_path
 
-    definitions = [(b.lsn.value, t) for b in list_bootstrap(paths.root) for t in b.tables]
+    boots = list_bootstrap(paths.root)
+    definitions = [(b.lsn.value, t) for b in boots for t in b.tables]
     log_path = ddl_log_path(paths)
     captured = False
     if DeltaTable.isDeltaTable(session, log_path):
@@ -435,7 +436,8 @@ def _column_events(session: SparkSession, paths: LakePaths, schema: str, table: 
         captured = events.limit(1).count() > 0
         for r in events.where(F.size("tables") > 0).select("commit_lsn", "lsn", "event_json") \
                 .orderBy("commit_lsn", "lsn").collect():
-            definitions += [(int(r["commit_lsn"]), t) for t in parse_ddl_event(r["event_json"].encode("utf-8")).tables]
+            definitions += [(int(r["commit_lsn"]), as_published(t, boots, int(r["commit_lsn"])))
+                            for t in parse_ddl_event(r["event_json"].encode("utf-8")).tables]
     return column_events(definitions, schema, table), captured
 
 
