@@ -1,8 +1,10 @@
 """Shared fixtures: a real PostgreSQL server per test session, a fresh database per test."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -46,6 +48,8 @@ def pytest_generate_tests(metafunc):
         return
     majors = pg_test_majors()
     metafunc.parametrize("pg_major", majors, ids=[f"pg{m}" for m in majors])
+
+log = logging.getLogger("slotlake.tests")
 
 
 @pytest.fixture(scope="session")
@@ -122,3 +126,62 @@ def pytest_collection_modifyitems(session, config, items):
         return (rank.get(path.name, len(rank)) if path.parent.name == "integration" else len(rank), order[id(item)])
 
     items.sort(key=key)
+
+
+# ---- every Delta table a test leaves under its tmp_path reads the same through delta-rs and Spark ----------------
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call":
+        item.slotlake_call_failed = report.failed  # a failed test is not checked again (one failure, not two)
+    return report
+
+
+def _check_spark():
+    """The Spark session already running in this process (a test's), else one started here on first need."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+    if active is not None:
+        return active
+    from slotlake.spark.session import get_spark
+
+    return get_spark("slotlake-delta-readers", "local[1]", {
+        "spark.sql.shuffle.partitions": "1", "spark.databricks.delta.snapshotPartitions": "1"})
+
+
+@pytest.fixture(autouse=True)
+def delta_readers_agree(request):
+    """After each test: every Delta table under its `tmp_path` must be readable by delta-rs and read the same as
+    with Spark (DESIGN.md "Interoperability"). Tests without tmp_path or without a Delta table pay a folder walk.
+
+    `@pytest.mark.delta_readers(opt_in={"typeWidening"})`: tables with an opted-in reader feature must instead be
+    refused by delta-rs for it (and still read by Spark); `skip="why"` turns the check off for a test that writes
+    something that is not a Delta table on purpose.
+    """
+    yield
+    tmp = request.node.funcargs.get("tmp_path")
+    if tmp is None or getattr(request.node, "slotlake_call_failed", True):
+        return
+    marker = request.node.get_closest_marker("delta_readers")
+    options = marker.kwargs if marker else {}
+    if options.get("skip"):
+        return
+    from delta_readers import assert_delta_readers_agree, assert_delta_rs_refuses, delta_tables, reader_features
+
+    tables = delta_tables(tmp)
+    if not tables:
+        return
+    start = time.monotonic()
+    spark = _check_spark()
+    opt_in = set(options.get("opt_in", ()))
+    for path in tables:
+        features = reader_features(path) & opt_in
+        if features:
+            assert_delta_rs_refuses(path, features)
+            spark.read.format("delta").load(str(path)).count()
+        else:
+            assert_delta_readers_agree(spark, path)
+    log.info("delta readers: %d table(s) of %s agree (%.1fs)", len(tables), request.node.nodeid,
+             time.monotonic() - start)

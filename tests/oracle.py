@@ -126,16 +126,32 @@ def gold_rows(spark: Any, gold_path: str) -> tuple[list[str], list[dict[str, Any
     return data, df.select(*[spark_ident(c) for c in data]).toArrow().to_pylist()
 
 
-def assert_gold_equals_pg(spark: Any | None, gold_path: str, dsn: str, table: str, *,
-                          numeric_text: Collection[str] = ()) -> int:
-    """Assert gold == PostgreSQL for `table` (schema.table); returns the row count compared. `numeric_text`: the
-    numeric columns gold must hold as PostgreSQL's exact text (numeric.unconstrained: string)."""
-    if spark is None:
-        from slotlake.spark.session import get_spark
+def gold_rows_delta_rs(gold_path: str) -> tuple[list[str], list[dict[str, Any]]]:
+    """`gold_rows` read through delta-rs (`deltalake`) instead of Spark, as a Polars or DuckDB user would."""
+    import deltalake
+    import pyarrow.compute as pc
 
-        spark = get_spark("slotlake-oracle", "local[2]")
+    table = deltalake.DeltaTable(gold_path).to_pyarrow_table()
+    if "_slotlake_deleted" in table.column_names:
+        table = table.filter(pc.invert(pc.fill_null(table["_slotlake_deleted"], False)))
+    data = [c for c in table.column_names if not c.startswith("_slotlake_")]
+    return data, table.select(data).to_pylist()
+
+
+def assert_gold_equals_pg(spark: Any | None, gold_path: str, dsn: str, table: str, *,
+                          numeric_text: Collection[str] = (), reader: str = "spark") -> int:
+    """Assert gold == PostgreSQL for `table` (schema.table); returns the row count compared. `numeric_text`: the
+    numeric columns gold must hold as PostgreSQL's exact text (numeric.unconstrained: string).
+    `reader="delta-rs"` reads gold with `deltalake` instead of Spark."""
+    if reader == "delta-rs":
+        gold_cols, got_rows = gold_rows_delta_rs(gold_path)
+    else:
+        if spark is None:
+            from slotlake.spark.session import get_spark
+
+            spark = get_spark("slotlake-oracle", "local[2]")
+        gold_cols, got_rows = gold_rows(spark, gold_path)
     cols, want_rows = pg_rows(dsn, table, numeric_text)
-    gold_cols, got_rows = gold_rows(spark, gold_path)
     assert sorted(gold_cols) == sorted(c for c, _ in cols), (
         f"{table}: gold columns {sorted(gold_cols)} != PostgreSQL columns {sorted(c for c, _ in cols)}")
     for row in got_rows:

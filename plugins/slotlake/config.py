@@ -94,6 +94,19 @@ class NumericSettings:
 
 
 @dataclass(frozen=True)
+class SchemaChanges:
+    """How gold follows a source schema change that Delta can apply in place only with a table feature.
+
+    `rewrite` (default) rewrites the gold table in a new Delta version, so every Delta reader (delta-rs too) can
+    still read it; `type_widening` / `column_mapping` change it in place with Delta's table features, which
+    delta-rs 1.6 cannot read (type widening) or reads wrongly (NULL in renamed and later-added columns).
+    """
+
+    widen: str = "rewrite"  # rewrite | type_widening
+    rename: str = "rewrite"  # rewrite | column_mapping: renamed columns, and dropped ones with on_drop_column: drop
+
+
+@dataclass(frozen=True)
 class SourceConfig:
     name: str
     dsn: str | None
@@ -112,6 +125,7 @@ class SourceConfig:
     lock_timeout_s: int = 600  # how long a run waits for another run of the source to finish (0: not at all)
     numeric: NumericSettings = NumericSettings()
     origin: str = "any"  # any | none: `none` skips changes other logical replication applied (PostgreSQL 16+)
+    schema_changes: SchemaChanges = SchemaChanges()
 
     def lake_path(self, lake: str) -> str:
         return f"{lake.rstrip('/')}/{self.name}"
@@ -176,9 +190,10 @@ _SNAPSHOT_KEYS = {"workers", "part_pages"}
 _SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
                 "start_date", "on_bad_value", "on_drop_column", "schemas", "insert_only", "lock_timeout_s",
                 "numeric",
-                "origin"}
+                "origin", "schema_changes"}
 _NUMERIC_KEYS = {"unconstrained", "tables"}
 _NUMERIC_TABLE_KEYS = {"unconstrained", "columns"}
+_SCHEMA_CHANGES_MODES = {"widen": ("rewrite", "type_widening"), "rename": ("rewrite", "column_mapping")}
 
 
 def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
@@ -342,11 +357,27 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
     if origin not in ("any", "none"):
         raise ConfigError(f"{where}.origin: {origin!r} must be any (every change) or none (skip changes applied by "
                           "other logical replication, PostgreSQL 16+)")
+    schema_changes = _parse_schema_changes(raw.get("schema_changes"), f"{where}.schema_changes")
     return SourceConfig(name=name, dsn=dsn, conn_id=conn_id, slot=slot, publication=publication, tables=tables,
                         schedule=schedule, delete_mode=delete_mode, history=history, start_date=start_date,
                         on_bad_value=on_bad_value, on_drop_column=on_drop_column, schemas=schemas,
                         insert_only=tuple(insert_only), lock_timeout_s=lock_timeout_s, numeric=numeric,
-                        origin=origin)
+                        origin=origin, schema_changes=schema_changes)
+
+
+def _parse_schema_changes(raw: Any, where: str) -> SchemaChanges:
+    """`schema_changes: {widen: rewrite | type_widening, rename: rewrite | column_mapping}` (defaults: rewrite)."""
+    if raw is None:
+        return SchemaChanges()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: must be a mapping, e.g. {{widen: rewrite, rename: rewrite}}")
+    _unknown(set(raw), set(_SCHEMA_CHANGES_MODES), where)
+    for key, allowed in _SCHEMA_CHANGES_MODES.items():
+        if raw.get(key, "rewrite") not in allowed:
+            raise ConfigError(f"{where}.{key}: {raw[key]!r} must be rewrite (gold is rewritten in a new Delta version, "
+                              f"readable by every Delta reader) or {allowed[1]} (in place with the Delta table "
+                              "feature; delta-rs cannot read such tables correctly)")
+    return SchemaChanges(**{k: raw[k] for k in _SCHEMA_CHANGES_MODES if k in raw})
 
 
 def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = None) -> Config:

@@ -178,3 +178,60 @@ def test_type_change_delta_cannot_widen_fails_with_the_remedy(spark, pg_db, tmp_
     _sql(pg_db, "ALTER TABLE t ALTER v TYPE int USING v::int", "INSERT INTO t VALUES (2, 7)")
     with pytest.raises(MergeError, match=r"public\.t: column v changed type from string to int.*slotlake replay"):
         _sync(spark, cfg)
+
+
+@pytest.mark.parametrize("modes", [
+    {},  # the defaults: widen and rename by rewriting the table
+    # the opt-in keeps Delta type widening and column mapping: delta-rs must refuse that table (checked below; the
+    # marker makes the conftest check read it with Spark only)
+    pytest.param({"widen": "type_widening", "rename": "column_mapping"},
+                 marks=pytest.mark.delta_readers(opt_in={"typeWidening"})),
+], ids=["rewrite", "in-place"])
+def test_widened_and_renamed_columns_keep_gold_readable_by_delta_rs(spark, pg_db, tmp_path, modes):
+    from delta_readers import assert_delta_rs_refuses, protocol, reader_features
+    from slotlake import delta_log
+
+    cfg = parse_config({"lake": str(tmp_path / "lake"), "sources": {"src": {
+        "dsn": pg_db, "tables": ["public.w"], "schema_changes": modes}}})
+    paths = LakePaths.of(cfg.lake, "src")
+    gold = paths.gold("public", "w")
+    _sql(pg_db, "CREATE TABLE w (id int PRIMARY KEY, a int, s smallint, f real, n numeric(8,2), v varchar(5), b int)",
+         "INSERT INTO w SELECT g, g * 10, g, g / 4.0, g * 1.25, 'v' || g, g FROM generate_series(1, 5) g")
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        install_ddl_capture(conn)  # renames are seen through DDL events
+    _sync(spark, cfg)  # initial copy
+    _sql(pg_db, "UPDATE w SET a = 11 WHERE id = 1",
+         "ALTER TABLE w ALTER a TYPE bigint, ALTER s TYPE int, ALTER f TYPE double precision, "
+         "ALTER n TYPE numeric(12,4), ALTER v TYPE text",
+         "ALTER TABLE w RENAME b TO b2",
+         "INSERT INTO w VALUES (6, 5000000000, 100000, 0.1, 12345678.1234, 'longer than five', 66)",
+         "UPDATE w SET a = a + 3000000000, n = n + 0.0001 WHERE id = 2", "DELETE FROM w WHERE id = 3")
+    report = _sync(spark, cfg)
+    changes = report.tables[0].schema_changes
+    assert {"widened a to bigint", "widened s to int", "widened f to double", "widened n to decimal(12,4)",
+            "renamed b to b2"} <= set(changes), changes
+    types = {f.name: f.dataType.simpleString() for f in _gold(spark, gold).schema.fields}
+    assert (types["a"], types["s"], types["f"], types["n"], types["v"], types["b2"]) == (
+        "bigint", "int", "double", "decimal(12,4)", "string", "int") and "b" not in types
+    assert_gold_equals_pg(spark, gold, pg_db, "public.w")
+    # the watermark is the merge's, in the newest commit (what `slotlake status` and the next merge read)
+    newest = next(delta_log.commits(gold))
+    assert newest.stage == "merge" and newest.end_lsn == str(report.end_lsn)
+    assert delta_watermark(spark, gold) == report.end_lsn
+    if not modes:
+        assert_gold_equals_pg(None, gold, pg_db, "public.w", reader="delta-rs")
+        assert "typeWidening" not in reader_features(gold) and protocol(gold).get("minReaderVersion") == 1
+        ops = [(c.operation, c.stage) for c in delta_log.commits(gold, newest_first=False)]
+        assert ops[-2:] == [("WRITE", None), ("MERGE", "merge")], ops  # the rewrite: a commit without watermark
+        # earlier versions (here: the initial copy's load) keep their names, types and rows (time travel)
+        before = spark.read.format("delta").option("versionAsOf", len(ops) - 3).load(gold)
+        assert dict(before.dtypes)["a"] == "int" and "b" in before.columns and before.count() == 5
+    else:
+        assert "typeWidening" in reader_features(gold)
+        assert _gold(spark, gold).sparkSession.sql(f"DESCRIBE DETAIL delta.`{gold}`").collect()[0][
+            "properties"].get("delta.columnMapping.mode") == "name"
+        assert_delta_rs_refuses(gold, {"typeWidening"})
+
+    # a re-run of the merge is a no-op: same version, same watermark
+    again = run_merge(spark, cfg, "src")
+    assert again.tables[0].up_to_date and next(delta_log.commits(gold)) == newest

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from slotlake.config import load_config, parse_config
+from slotlake.config import SchemaChanges, load_config, parse_config
 from slotlake.errors import ConfigError
 
 pytestmark = pytest.mark.unit
@@ -231,3 +231,33 @@ def test_numeric_setting_per_source_table_and_column():
     # a source without a table list may name any table
     assert parse_config(with_change("sources.crm.numeric", {"tables": {"sales.x": "string"}})) \
         .source("crm").numeric.unconstrained_for("sales.x", "v") == "string"
+
+
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        ({"widen": "alter"}, "sources.shop.schema_changes.widen: 'alter' must be rewrite"),
+        ({"rename": "alter"}, "sources.shop.schema_changes.rename: 'alter' must be rewrite"),
+        ({"widn": "rewrite"}, "sources.shop.schema_changes.widn: unknown key; did you mean 'widen'"),
+        ("rewrite", "sources.shop.schema_changes: must be a mapping"),
+    ],
+    ids=["bad-widen-mode", "bad-rename-mode", "misspelt-widen", "not-a-mapping"],
+)
+def test_bad_schema_changes_names_the_key_and_the_values(value, fragment):
+    with pytest.raises(ConfigError) as err:
+        parse_config(with_change("sources.shop.schema_changes", value))
+    assert fragment in str(err.value) and "\n" not in str(err.value)
+    if "widen:" in fragment:
+        assert "or type_widening" in str(err.value)
+    if "rename:" in fragment:
+        assert "or column_mapping" in str(err.value)
+
+
+def test_schema_changes_default_to_rewrite_and_delta_features_are_opt_in():
+    assert parse_config(GOOD).source("shop").schema_changes == SchemaChanges("rewrite", "rewrite")
+    assert parse_config(with_change("sources.shop.schema_changes", {})).source("shop").schema_changes.widen == "rewrite"
+    cfg = parse_config(with_change("sources.shop.schema_changes", {"widen": "type_widening"}))
+    assert cfg.source("shop").schema_changes == SchemaChanges("type_widening", "rewrite")
+    assert cfg.source("crm").schema_changes == SchemaChanges()
+    cfg = parse_config(with_change("sources.shop.schema_changes", {"rename": "column_mapping"}))
+    assert cfg.source("shop").schema_changes == SchemaChanges("rewrite", "column_mapping")

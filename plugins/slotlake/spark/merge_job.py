@@ -28,7 +28,7 @@ from pyspark.sql.types import (DataType, IntegerType, LongType, MapType, StringT
                                TimestampType)
 
 from slotlake.catalog import CatalogVersion
-from slotlake.config import Config, SourceConfig
+from slotlake.config import Config, SchemaChanges, SourceConfig
 from slotlake.decode.types import typed_value
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
@@ -314,7 +314,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         soft = plan.soft_delete
         wanted = _with_types(plan.gold_schema, evo)
         if exists:
-            schema_changes = _evolve_gold(session, gold, name, evo, plan)
+            schema_changes = _evolve_gold(session, gold, name, evo, plan, src.schema_changes)
             diff = schema_mismatch(_sorted_fields(DeltaTable.forPath(session, gold).toDF().schema),
                                    _sorted_fields(wanted))
             if diff:
@@ -471,11 +471,14 @@ def _sorted_fields(schema: StructType) -> StructType:
     return StructType(sorted(schema.fields, key=lambda f: f.name))
 
 
-def _evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, plan: TablePlan) -> list[str]:
+def _evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, plan: TablePlan,
+                 modes: SchemaChanges = SchemaChanges()) -> list[str]:
     """Bring gold's schema to `evo` with Delta DDL, each step only if not done yet (a re-run repeats none).
 
     Returns what was done, for the report. Old rows of an added column get the value PostgreSQL gave them (its
-    constant default) by an UPDATE of the rows still NULL, repeated harmlessly by a re-run.
+    constant default) by an UPDATE of the rows still NULL, repeated harmlessly by a re-run. Renames, drops and
+    widenings follow `modes` (config `schema_changes`): `rewrite` applies them in one rewrite of the table
+    (`_rewrite_gold`), `column_mapping` / `type_widening` in place with those Delta table features.
     """
     from delta.tables import DeltaTable
 
@@ -487,15 +490,31 @@ def _evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, pl
     renames = [(o, n) for o, n in evo.renames if o in current and n not in current]
     drops = [d for d in evo.drops if d in current]
     new_names = [n for _, n in renames] + [a.name for a in evo.adds if a.name not in current]
-    if (renames or drops or needs_column_mapping(new_names)) and props.get(COLUMN_MAPPING) != "name":
+    if ((modes.rename == "column_mapping" and (renames or drops)) or needs_column_mapping(new_names)) \
+            and props.get(COLUMN_MAPPING) != "name":
         # Column mapping by name: a rename or drop changes metadata only, the data files stay as they are; and
         # Delta allows names with spaces, commas, parentheses ... only under it.
         session.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES ('{COLUMN_MAPPING}' = 'name')")
-    for old, new in renames:
-        session.sql(f"ALTER TABLE {ref} RENAME COLUMN {_q(old)} TO {_q(new)}")
-        current[new] = current.pop(old)
-        done.append(f"renamed {old} to {new}")
+    rewrite_renames: dict[str, str] = {}
+    rewrite_drops: list[str] = []
+    if modes.rename == "column_mapping":
+        for old, new in renames:
+            session.sql(f"ALTER TABLE {ref} RENAME COLUMN {_q(old)} TO {_q(new)}")
+            current[new] = current.pop(old)
+            done.append(f"renamed {old} to {new}")
+    else:
+        rewrite_renames = dict(renames)
+        current = {rewrite_renames.get(c, c): t for c, t in current.items()}
+        rewrite_drops = [d for d in evo.drops if d in current]
+        done += [f"renamed {old} to {new}" for old, new in renames]
     widen = [(c, t) for c, t in evo.widen if c in current and current[c] != t]
+    rewrite_widen = dict(widen) if modes.widen == "rewrite" else {}
+    if rewrite_renames or rewrite_widen or rewrite_drops:
+        _rewrite_gold(session, gold, rewrite_renames, rewrite_widen, rewrite_drops)
+        done += [f"widened {c} to {t.simpleString()}" for c, t in rewrite_widen.items()]
+        log.info("%s: gold table rewritten in a new Delta version (renamed %s, widened %s, dropped %s)", name,
+                 rewrite_renames or "-", list(rewrite_widen) or "-", rewrite_drops or "-")
+        widen = [] if rewrite_widen else widen
     if widen and props.get("delta.enableTypeWidening") != "true":
         session.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
     for c, t in widen:
@@ -520,13 +539,39 @@ def _evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, pl
                                 plan.numeric_mode(i))[0]
             # A fresh handle: the one above predates the ALTERs and would not know the column.
             DeltaTable.forPath(session, gold).update(F.col(_q(a.name)).isNull(), {_q(a.name): value.cast(a.dtype)})
-    for d in drops:
-        session.sql(f"ALTER TABLE {ref} DROP COLUMN {_q(d)}")
-        done.append(f"dropped {d}")
+    if modes.rename == "column_mapping":
+        for d in drops:
+            session.sql(f"ALTER TABLE {ref} DROP COLUMN {_q(d)}")
+            done.append(f"dropped {d}")
+    done += [f"dropped {d}" for d in rewrite_drops]
     done += [f"kept dropped column {c} (NULL from now on)" for c in evo.dropped_kept]
     for line in done:
         log.info("%s: gold schema: %s", name, line)
     return done
+
+
+def _rewrite_gold(session: SparkSession, gold: str, renames: dict[str, str], widen: dict[str, DataType],
+                  drops: Sequence[str]) -> None:
+    """Rename, widen (`widen` by new name) and drop columns by rewriting the whole table in one new Delta version
+    (overwrite + overwriteSchema).
+
+    Why not in place: Delta type widening adds the `typeWidening` reader feature, which delta-rs (deltalake, and
+    so Polars and most Python readers) refuses, and delta-rs 1.6 reads the columns of a column-mapped table that
+    were renamed or added later as NULL. A plain rewrite keeps the protocol as it was. Like the ALTERs, the commit
+    carries no slotlake userMetadata, so the watermark stays that of the last merge (the run's MERGE commits the
+    new one); table properties and idempotent-write ids (txn actions) survive an overwrite, and earlier versions
+    stay readable with time travel. Widening casts are exact: `plan_evolution` only widens to a type that holds
+    every value of the old one. Cost: the table's size in I/O, once per run that needs it.
+    """
+    df = session.read.format("delta").load(gold)
+    cols = []
+    for f in df.schema.fields:
+        if f.name in drops:
+            continue
+        new = renames.get(f.name, f.name)
+        col = F.col(_q(f.name))
+        cols.append((col.cast(widen[new]) if new in widen else col).alias(new))
+    df.select(*cols).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(gold)
 
 
 def _typed_layouts(after: DataFrame, plan: TablePlan, evo: Evolution, layouts: list[Layout],

@@ -1,0 +1,139 @@
+"""Every Delta table slotlake writes must read the same through delta-rs (`deltalake`) as through Spark.
+
+`assert_delta_readers_agree(spark, path)` reads the table with `deltalake.DeltaTable(path).to_pyarrow_table()` and
+with Spark (`toArrow()`), and compares the column names and types (Arrow types mapped to one name per logical
+type: string/large_string/string_view are all `string`, a timestamp with any zone is `timestamp[us, tz]`) and the
+rows as multisets (duplicates count). A table delta-rs refuses (a reader feature it lacks, such as `typeWidening`
+or `deletionVectors`) fails with the table's protocol in the message.
+
+`delta_tables(root)` finds the tables under a folder (every directory holding a `_delta_log` with a commit);
+tests/conftest.py runs the check on every table under each test's `tmp_path` (marker `delta_readers`).
+"""
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+
+def delta_tables(root: Path) -> list[Path]:
+    """Delta tables under `root` (a folder holding `_delta_log/` with at least one commit or checkpoint)."""
+    out = []
+    for here, dirs, _ in os.walk(root):
+        if "_delta_log" in dirs:
+            log = Path(here) / "_delta_log"
+            if any(n.endswith(".json") or n.endswith(".parquet") for n in os.listdir(log)):
+                out.append(Path(here))
+            dirs.remove("_delta_log")
+    return sorted(out)
+
+
+def protocol(path: Path | str) -> dict[str, Any]:
+    """The newest protocol action in the table's JSON commits (for messages; checkpoints are not read)."""
+    found: dict[str, Any] = {}
+    log = Path(path) / "_delta_log"
+    for name in sorted(n for n in os.listdir(log) if n.endswith(".json") and n[:20].isdigit()):
+        for line in (log / name).read_text().splitlines():
+            if line.startswith('{"protocol"'):
+                found = json.loads(line)["protocol"]
+    return found
+
+
+def reader_features(path: Path | str) -> set[str]:
+    return set(protocol(path).get("readerFeatures") or ())
+
+
+def _type_name(t: pa.DataType) -> str:
+    """One name per logical type, whatever Arrow layout a reader chose."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return "binary"
+    if pa.types.is_timestamp(t):
+        return f"timestamp[{t.unit}{', tz' if t.tz else ''}]"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) \
+            or pa.types.is_large_list_view(t):
+        return f"list<{_type_name(t.value_type)}>"
+    if pa.types.is_map(t):
+        return f"map<{_type_name(t.key_type)}, {_type_name(t.item_type)}>"
+    if pa.types.is_struct(t):
+        return "struct<" + ", ".join(f"{t.field(i).name}: {_type_name(t.field(i).type)}"
+                                     for i in range(t.num_fields)) + ">"
+    if pa.types.is_dictionary(t):
+        return _type_name(t.value_type)
+    return str(t)
+
+
+def _value(v: Any) -> Any:
+    """A hashable form, equal exactly when the values are (timestamps compared as instants, NaN equal to NaN)."""
+    if isinstance(v, float) and math.isnan(v):
+        return "NaN"
+    if isinstance(v, dt.datetime) and v.tzinfo is not None:
+        return v.astimezone(dt.timezone.utc)
+    if isinstance(v, (list, tuple)):
+        return tuple(_value(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _value(x)) for k, x in v.items()))
+    return v
+
+
+def _rows(table: pa.Table) -> collections.Counter:
+    names = table.column_names
+    return collections.Counter(tuple(_value(r[c]) for c in names) for r in table.to_pylist())
+
+
+def schema_of(table: pa.Table) -> list[tuple[str, str]]:
+    return [(f.name, _type_name(f.type)) for f in table.schema]
+
+
+def read_delta_rs(path: Path) -> pa.Table:
+    import deltalake
+
+    try:
+        return deltalake.DeltaTable(str(path)).to_pyarrow_table()
+    except Exception as e:
+        raise AssertionError(
+            f"delta-rs (deltalake {deltalake.__version__}) cannot read the Delta table {path}: "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (protocol {protocol(path)}); slotlake "
+            "must not give a table a reader feature delta-rs lacks unless the user opted in") from None
+
+
+def read_spark(spark: Any, path: Path) -> pa.Table:
+    return spark.read.format("delta").load(str(path)).toArrow()
+
+
+def assert_delta_readers_agree(spark: Any, path: Path | str) -> int:
+    """Assert delta-rs and Spark read the same columns, types and rows from the Delta table at `path`;
+    returns the row count."""
+    path = Path(path)
+    rs = read_delta_rs(path)
+    sp = read_spark(spark, path)
+    assert schema_of(rs) == schema_of(sp), (
+        f"{path}: delta-rs and Spark read different schemas\n  delta-rs: {schema_of(rs)}\n  Spark:    {schema_of(sp)}")
+    got, want = _rows(rs), _rows(sp)
+    if got != want:
+        raise AssertionError(
+            f"{path}: delta-rs and Spark read different rows ({rs.num_rows} vs {sp.num_rows}); columns "
+            f"{rs.column_names}\n  only delta-rs: {list((got - want).elements())[:5]}\n"
+            f"  only Spark: {list((want - got).elements())[:5]}")
+    return rs.num_rows
+
+
+def assert_delta_rs_refuses(path: Path | str, features: Iterable[str]) -> None:
+    """Assert delta-rs refuses the table for one of `features` (a reader feature the user opted in to)."""
+    import deltalake
+
+    path = Path(path)
+    try:
+        deltalake.DeltaTable(str(path)).to_pyarrow_table()
+    except Exception as e:
+        assert any(f in str(e) for f in features), f"{path}: delta-rs failed for another reason: {e}"
+        return
+    raise AssertionError(f"{path}: delta-rs read a table with reader features {reader_features(path)}; "
+                         "if it supports them now, drop the opt-in marker")
