@@ -148,14 +148,8 @@ def _peek_query(conn, source: SourceConfig, upto_lsn: Lsn, upto_nchanges: int,
         "FROM pg_logical_slot_peek_binary_changes({slot}, {upto}::pg_lsn, {n}, "
         "'proto_version', '1', 'publication_names', {pub}, 'messages', 'true'{origin})"
     ).format(slot=sql.Literal(source.slot), upto=sql.Literal(str(upto_lsn)), n=sql.Literal(upto_nchanges),
-             pub=sql.Literal(sql.Identifier(source.publication).as_string(conn)),
+             pub=sql.Literal(names),
              origin=sql.SQL(", 'origin', {}").format(sql.Literal(origin)) if origin else sql.SQL(""))
-def _peek_query(conn, source: SourceConfig, upto_lsn: Lsn, upto_nchanges: int,
-                publications: tuple[str, ...] | None = None) -> str:
-    # pg_lsn and xid have no Arrow type in ADBC: cast them to bigint. publication_names is parsed as an
-    # identifier list, so the names are passed quoted.
-    names = ",".join(sql.Identifier(p).as_string(conn) for p in (publications or source.publications))
-    origin = origin_option(source, conn.info.server_version)
     return query.as_string(conn)
 
 
