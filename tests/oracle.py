@@ -158,8 +158,8 @@ def assert_gold_equals_pg(spark: Any | None, gold_path: str, dsn: str, table: st
         for c, t in cols:
             v = row[c]
             if v is not None and c in numeric_text:
-                assert isinstance(v, str) or (isinstance(v, list) and all(isinstance(e, (str, type(None))) for e in v)), (
-                    f"{table}.{c}: numeric kept as text landed in gold as {type(v).__name__} ({v!r})")
+                text = isinstance(v, str) or (isinstance(v, list) and all(e is None or isinstance(e, str) for e in v))
+                assert text, f"{table}.{c}: numeric kept as text landed in gold as {type(v).__name__} ({v!r})"
             elif v is not None and t.startswith("_") and _typed(t):
                 assert isinstance(v, list), f"{table}.{c}: PostgreSQL array {t} landed in gold as {type(v).__name__}"
             elif v is not None and t in _TYPED:

@@ -481,8 +481,9 @@ def test_string_numerics_through_insert_update_delete_and_a_numeric_key(spark, t
                                    ("NaN", EXACT[3], d)], key=repr)
     # 1.0 and 1.00 are equal numerics but different values to pgoutput (a key change between them sends the old
     # key): the text keys keep them apart exactly as PostgreSQL's replica identity does
-    lake.decode([t.upd(200, 0, "1.0", EXACT[4], "2"), t.upd(200, 1, "Infinity", EXACT[5], "3", old=("1.00", None, None)),
-                 t.dele(300, 0, "-3", None, None)], 350)
+    lake.decode([t.upd(200, 0, "1.0", EXACT[4], "2"),
+                 t.upd(200, 1, "Infinity", EXACT[5], "3", old=("1.00", None, None)), t.dele(300, 0, "-3", None, None)],
+                350)
     lake.merge()
     assert lake.gold(t) == sorted([("1.0", EXACT[4], decimal.Decimal(2)), ("Infinity", EXACT[5], decimal.Decimal(3)),
                                    ("NaN", EXACT[3], d)], key=repr)
@@ -517,7 +518,8 @@ def test_bad_value_error_names_the_row(spark, tmp_path):
     lake = Lake(spark, tmp_path, on_bad_value="fail")
     t = Tbl("m", (("id", INT4, -1, True), ("amount", NUMERIC, -1, False)))
     lake.decode([t.ins(100, 0, "7", "NaN")], 150)
-    with pytest.raises(MergeError, match=r"public\.m: column amount value 'NaN' at LSN 0/64 \(xid 800, row \{'id': '7'\}\)"):
+    with pytest.raises(MergeError,
+                       match=r"public\.m: column amount value 'NaN' at LSN 0/64 \(xid 800, row \{'id': '7'\}\)"):
         lake.merge()
 
 
@@ -526,8 +528,8 @@ def test_a_quarantine_table_of_an_older_release_gets_the_row_key_column(lake):
 
     from slotlake.spark.merge_job import QUARANTINE_SCHEMA
     old_schema = QUARANTINE_SCHEMA.__class__([f for f in QUARANTINE_SCHEMA.fields if f.name != "row_key"])
-    lake.spark.createDataFrame([("public", "m", "amount", NUMERIC, "NaN", "old reason", 50, 1, 0,
-                                 dt.datetime(2024, 1, 1))], old_schema).write.format("delta").save(lake.paths.quarantine)
+    old_row = ("public", "m", "amount", NUMERIC, "NaN", "old reason", 50, 1, 0, dt.datetime(2024, 1, 1))
+    lake.spark.createDataFrame([old_row], old_schema).write.format("delta").save(lake.paths.quarantine)
     t = Tbl("m", (("id", INT4, -1, True), ("amount", NUMERIC, -1, False)))
     lake.decode([t.ins(100, 0, "2", "Infinity")], 150)
     assert lake.merge().quarantined == 1

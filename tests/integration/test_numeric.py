@@ -105,7 +105,8 @@ def test_string_mode_gold_equals_postgres_exactly_through_copy_changes_and_repla
     run_preflight(cfg, cfg.source(SRC))  # slot + initial copy
     _sync(spark, cfg)  # loads the copy; no change decoded yet
     copied = delta_watermark(spark, paths.gold("public", "ledger"))
-    types = {f.name: f.dataType.simpleString() for f in spark.read.format("delta").load(paths.gold("public", "ledger")).schema}
+    gold_schema = spark.read.format("delta").load(paths.gold("public", "ledger")).schema
+    types = {f.name: f.dataType.simpleString() for f in gold_schema}
     assert (types["id"], types["amount"], types["amounts"], types["fixed"]) == (
         "string", "string", "array<string>", "decimal(12,2)")
     for t in TABLES:
