@@ -352,7 +352,8 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
     if not isinstance(lock_timeout_s, int) or isinstance(lock_timeout_s, bool) or lock_timeout_s < 0:
         raise ConfigError(f"{where}.lock_timeout_s: {lock_timeout_s!r} must be a whole number of seconds >= 0 (how "
                           "long a run waits for another run of the source; 0: fail at once)")
-    numeric = _parse_numeric(raw.get("numeric"), f"{where}.numeric", tables)
+    numeric = _parse_numeric(raw.get("numeric"), f"{where}.numeric",
+                             None if tables is None else tables + tuple(insert_only))
     origin = raw.get("origin", "any")
     if origin not in ("any", "none"):
         raise ConfigError(f"{where}.origin: {origin!r} must be any (every change) or none (skip changes applied by "
