@@ -92,10 +92,26 @@ def schema_of(table: pa.Table) -> list[tuple[str, str]]:
     return [(f.name, _type_name(f.type)) for f in table.schema]
 
 
-def read_delta_rs(path: Path) -> pa.Table:
+def column_mapping(path: Path | str) -> str | None:
+    """The table's `delta.columnMapping.mode` (name, id) or None."""
+    import deltalake
+
+    mode = deltalake.DeltaTable(str(path)).metadata().configuration.get("delta.columnMapping.mode")
+    return mode if mode in ("name", "id") else None
+
+
+def read_delta_rs(path: Path | str) -> pa.Table:
+    """The table as delta-rs reads it. A column-mapped table (gold with column names Delta stores only under column
+    mapping, or `schema_changes.rename: column_mapping`) is read through delta-rs's query engine (`QueryBuilder`),
+    which applies the mapping: deltalake 1.6's `to_pyarrow_table()` reads its columns as NULL (README,
+    Troubleshooting)."""
     import deltalake
 
     try:
+        if column_mapping(path):
+            result = deltalake.QueryBuilder().register("t", deltalake.DeltaTable(str(path))).execute(
+                "SELECT * FROM t")
+            return pa.table(result.read_all())
         return deltalake.DeltaTable(str(path)).to_pyarrow_table()
     except Exception as e:
         raise AssertionError(

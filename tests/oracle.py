@@ -128,10 +128,10 @@ def gold_rows(spark: Any, gold_path: str) -> tuple[list[str], list[dict[str, Any
 
 def gold_rows_delta_rs(gold_path: str) -> tuple[list[str], list[dict[str, Any]]]:
     """`gold_rows` read through delta-rs (`deltalake`) instead of Spark, as a Polars or DuckDB user would."""
-    import deltalake
     import pyarrow.compute as pc
+    from delta_readers import read_delta_rs
 
-    table = deltalake.DeltaTable(gold_path).to_pyarrow_table()
+    table = read_delta_rs(gold_path)
     if "_slotlake_deleted" in table.column_names:
         table = table.filter(pc.invert(pc.fill_null(table["_slotlake_deleted"], False)))
     data = [c for c in table.column_names if not c.startswith("_slotlake_")]
