@@ -566,9 +566,9 @@ def _rewrite_gold(session: SparkSession, gold: str, renames: dict[str, str], wid
     df = session.read.format("delta").load(gold)
     cols = []
     for f in df.schema.fields:
-        if f.name in drops:
-            continue
         new = renames.get(f.name, f.name)
+        if new in drops:  # `drops` and `widen` name columns after the renames
+            continue
         col = F.col(_q(f.name))
         cols.append((col.cast(widen[new]) if new in widen else col).alias(new))
     df.select(*cols).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(gold)
