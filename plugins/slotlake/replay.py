@@ -10,7 +10,7 @@ the same way from the CLI and (with templated arguments) from the `slotlake_repl
 
 - `--dest PATH`: `<PATH>/<schema>/<table>` becomes a new Delta table holding the table's state at Y: gold as of
   the greatest recorded end LSN R <= X (time travel; empty when there is none), plus the changes with
-  R < commit_lsn <= Y re-decoded from bronze into a scratch silver table, applied by the merge engine.
+  R < commit_end_lsn, commit_lsn <= Y, re-decoded from bronze into a scratch silver table, applied by the merge engine.
 - in place: silver's rows for (R, Y] are re-derived from bronze (one Delta commit), and each selected gold table
   is rebuilt from its state at R to silver's end and written back in one Delta commit (history kept).
   Running it twice gives the same result.

@@ -253,7 +253,7 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
 
 
 def files_for_range(files: list[BronzeFile], after: Lsn | None, upto: Lsn) -> list[BronzeFile]:
-    """The bronze files that can hold commits with `after < commit_lsn <= upto` (after None: from the start).
+    """The bronze files that can hold commits with `after < commit_end_lsn`, `commit_lsn <= upto` (after None: from the start).
 
     A file holds the commits whose end LSN is in (start, end], and a commit's LSN is at least the previous
     commit's end, so a file with end <= after or start > upto holds none of them.
@@ -262,7 +262,8 @@ def files_for_range(files: list[BronzeFile], after: Lsn | None, upto: Lsn) -> li
 
 
 def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, changes_path: str) -> DecodeResult:
-    """Re-decode the archived changes with `after < commit_lsn <= upto` from bronze into a new silver table.
+    """Re-decode the archived changes with `after < commit_end_lsn`, `commit_lsn <= upto` from bronze into a new
+    silver table.
 
     For replays and checks: `changes_path` is overwritten (one Delta commit whose userMetadata records `upto`
     as its decode end, so the merge reads it like silver); `_catalog`, `_ddl_log` and the live silver table
@@ -279,7 +280,7 @@ def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, 
         decoded = _decode_files(spark, todo)
         cond = F.col("commit_lsn") <= int(upto)
         if after is not None:
-            cond = cond & (F.col("commit_lsn") > int(after))
+            cond = cond & (F.col("commit_end_lsn") > int(after))  # `after` is an end position (see merge_job)
         changes = _silver_rows(decoded).where(cond)
     else:
         decoded, changes = None, spark.createDataFrame([], SILVER_DDL)

@@ -1,6 +1,6 @@
 """The merge stage: silver/changes -> gold/<schema>/<table>, one Delta commit per table, by replica identity.
 
-For each table the run applies the silver changes with `table watermark < commit_lsn <= run end` (run end =
+For each table the run applies the silver changes with `table watermark < commit_end_lsn`, `commit_lsn <= run end` (run end =
 silver's watermark) in (commit_lsn, seq) order, as ONE Delta MERGE carrying the idempotent-write settings and the
 new watermark (docs/internals.md "Gold"). All work on changes is Spark DataFrame work; the driver only collects
 small summaries (table shapes, counts, the first offending row of an error).
@@ -280,7 +280,9 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
              .where((F.col("schema_name") == schema) & (F.col("table_name") == table)
                     & (F.col("commit_lsn") <= int(end))))
     if mark is not None:
-        batch = batch.where(F.col("commit_lsn") > int(mark))
+        # The watermark is an end position (a commit's end LSN, a copy's consistent point), and the next commit's
+        # record may start exactly there (commit_lsn == the previous commit's end_lsn): select by end LSN.
+        batch = batch.where(F.col("commit_end_lsn") > int(mark))
     # A table copied under its own snapshot (added to a running source, or a resumed copy): skip the changes of
     # transactions the copy already holds (docs/internals.md "Snapshot").
     copied = _copy_snapshot(session, gold) if exists else None

@@ -237,10 +237,10 @@ def _empty_changes(spark, path: str) -> str:
 
 def _replace_silver(spark, scratch_changes: str, changes: str, after: Lsn | None, to: Lsn, silver_end: Lsn,
                     req: ReplayRequest, frm: Lsn) -> None:
-    """Silver's rows with after < commit_lsn <= to := the re-decoded ones, in one commit; the watermark stays."""
+    """Silver's rows with after < commit_end_lsn, commit_lsn <= to := the re-decoded ones, in one commit; the watermark stays."""
     from slotlake.spark.decode_job import SILVER_COLUMNS
 
-    cond = f"commit_lsn <= {int(to)}" + (f" AND commit_lsn > {int(after)}" if after is not None else "")
+    cond = f"commit_lsn <= {int(to)}" + (f" AND commit_end_lsn > {int(after)}" if after is not None else "")
     (spark.read.format("delta").load(scratch_changes).select(*SILVER_COLUMNS)
      .write.format("delta").mode("overwrite").option("replaceWhere", cond)
      .option("userMetadata", _meta(silver_end, "decode", req, frm, to)).save(changes))
