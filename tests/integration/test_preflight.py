@@ -76,12 +76,10 @@ def test_adds_configured_tables_missing_from_an_existing_publication(pg_db, tmp_
         ("customers",), ("orders",)]
 
 
-def test_tables_default_to_the_publication_and_a_missing_one_needs_tables(pg_db, tmp_path):
+def test_tables_default_to_an_existing_publication(pg_db, tmp_path):
+    # Without tables and without a publication, preflight creates one FOR ALL TABLES (test_publications.py).
     _run(pg_db, "CREATE TABLE orders (id int PRIMARY KEY)", "CREATE TABLE other (id int PRIMARY KEY)")
     cfg = _config(tmp_path, pg_db, None)
-    with pytest.raises(PreflightError, match="publication slotlake_shop does not exist and no tables"):
-        run_preflight(cfg, cfg.source("shop"))
-    assert slot_info(psycopg.connect(pg_db), "slotlake_shop") is None, "no slot without a publication"
     _run(pg_db, "CREATE PUBLICATION slotlake_shop FOR TABLE orders")
     report = run_preflight(cfg, cfg.source("shop"))
     assert [t.name for t in report.tables] == ["public.orders"]
