@@ -9,8 +9,6 @@ and the resync then rebuilds it with the new mapping.
 """
 from __future__ import annotations
 
-import os
-import sys
 
 import psycopg
 import pytest
@@ -65,15 +63,6 @@ CHANGES = [
     "DELETE FROM entries WHERE ctid = (SELECT min(ctid) FROM entries WHERE tag = 'a')",
 ]
 TEXT_COLUMNS = {"public.ledger": {"id", "amount", "amounts"}, "public.entries": {"amount"}}
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from slotlake.spark.session import get_spark
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return get_spark("slotlake-test-numeric", "local[2]", {
-        "spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"})
 
 
 def _sql(dsn: str, *statements: str) -> None:

