@@ -3,6 +3,9 @@
 `slotlake_sync__<source>`: preflight -> extract -> decode -> merge -> report. preflight, extract and report are
 Python tasks calling `slotlake.pipeline`; decode and merge are `SparkSubmitOperator`s fed with the same
 `SparkApp` the CLI submits. Building a DAG touches no database and starts no Spark: it only reads the config.
+When the extract finds nothing due (`slotlake.pending`, in its XCom), decode and merge skip themselves before
+spark-submit (no JVM) and the report still runs; when only the merge is due (a merge that died halfway), only
+the decode is skipped.
 """
 from __future__ import annotations
 
@@ -10,14 +13,16 @@ import json
 import logging
 import os
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, CronDataIntervalTimetable, task
+from airflow.sdk import DAG, CronDataIntervalTimetable, TriggerRule, task
+from airflow.sdk.exceptions import AirflowSkipException
 
 from slotlake import pipeline
 from slotlake.airflow.replay_dag import build_replay_dag
 from slotlake.config import Config
+from slotlake.pending import PendingWork
 from slotlake.spark.submit import SparkApp, code_zip, spark_app
 
 log = logging.getLogger(__name__)
@@ -44,8 +49,40 @@ def _ship_code(context: Mapping[str, Any]) -> None:
     context["task"].py_files = code_zip()
 
 
-def spark_submit_task(app: SparkApp, task_id: str, conn_id: str) -> SparkSubmitOperator:
-    """A SparkSubmitOperator running `app` exactly as `slotlake.spark.submit.run_spark_app` would."""
+Due = Callable[[Mapping[str, Any]], str | None]  # (task context) -> why the app must run, None: skip it
+
+
+def _extract_pending(context: Mapping[str, Any]) -> PendingWork:
+    return pipeline.pending_of(context["ti"].xcom_pull(task_ids="extract") or {})
+
+
+def decode_due(context: Mapping[str, Any]) -> str | None:
+    return _extract_pending(context).decode
+
+
+def merge_due(context: Mapping[str, Any]) -> str | None:
+    pending = _extract_pending(context)
+    return None if pending.idle else (pending.merge or pending.decode)
+
+
+def _pre_execute(app: SparkApp, due: Due | None) -> Callable[[Mapping[str, Any]], None] | None:
+    def run(context: Mapping[str, Any]) -> None:
+        if due is not None:
+            reason = due(context)
+            if reason is None:
+                # No spark-submit: the task ends SKIPPED and says why (the extract's decision).
+                raise AirflowSkipException(f"{app.name}: {_extract_pending(context).describe()}")
+            log.info("%s: %s", app.name, reason)
+        if app.ship_code:
+            _ship_code(context)
+
+    return run if due is not None or app.ship_code else None
+
+
+def spark_submit_task(app: SparkApp, task_id: str, conn_id: str, due: Due | None = None,
+                      **kwargs: Any) -> SparkSubmitOperator:
+    """A SparkSubmitOperator running `app` exactly as `slotlake.spark.submit.run_spark_app` would; with `due`, it
+    skips itself (before spark-submit) when `due(context)` gives no reason to run."""
     return SparkSubmitOperator(
         task_id=task_id,
         application=app.application,
@@ -55,7 +92,8 @@ def spark_submit_task(app: SparkApp, task_id: str, conn_id: str) -> SparkSubmitO
         name=app.name,
         env_vars=dict(app.env),
         spark_binary=app.spark_submit,
-        pre_execute=_ship_code if app.ship_code else None,
+        pre_execute=_pre_execute(app, due),
+        **kwargs,
     )
 
 
@@ -98,12 +136,15 @@ def build_sync_dag(cfg: Config, source_name: str) -> DAG:
         def extract() -> dict[str, Any]:
             return pipeline.task_extract(cfg, source_name)
 
-        @task(task_id="report")
+        # Runs after a skipped decode/merge too (nothing was due), never after a failed one.
+        @task(task_id="report", trigger_rule=TriggerRule.NONE_FAILED)
         def report(extracted: dict[str, Any]) -> dict[str, Any]:
             return pipeline.task_report(cfg, source_name, extracted)
 
-        decode = spark_submit_task(spark_app(cfg, source_name, "decode"), "decode", conn_id)
-        merge = spark_submit_task(spark_app(cfg, source_name, "merge"), "merge", conn_id)
+        decode = spark_submit_task(spark_app(cfg, source_name, "decode"), "decode", conn_id, due=decode_due)
+        # A skipped decode does not skip the merge: a merge can be due alone (one that died halfway).
+        merge = spark_submit_task(spark_app(cfg, source_name, "merge"), "merge", conn_id, due=merge_due,
+                                  trigger_rule=TriggerRule.NONE_FAILED)
         extracted = extract()
         done = report(extracted)
         preflight() >> extracted >> decode >> merge >> done

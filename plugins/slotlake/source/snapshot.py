@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import psycopg
 import pyarrow as pa
@@ -62,6 +62,7 @@ WORKERS_ENV = "SLOTLAKE_SNAPSHOT_WORKERS"
 PART_PAGES_ENV = "SLOTLAKE_SNAPSHOT_PART_PAGES"
 MANIFEST = "manifest.json"
 GENERATIONS = "_generations"
+SNAPSHOT_PROPERTY = "slotlake.snapshot"  # gold table property naming the copy the table was loaded from
 BARRIER_TIMEOUT_S = 600.0
 
 # Types whose cast to text is their output function (I/O conversion or binary-coercible text). Every other type
@@ -115,6 +116,11 @@ class TableCopy:
     def copy_snapshot(self) -> CopySnapshot | None:
         """The visibility filter the merge needs (None for a copy under the slot's own snapshot)."""
         return CopySnapshot.parse(self.snapshot, self.lsn_after) if self.kind == "current" else None
+
+    def loaded_in(self, gold_property: Mapping[str, Any] | None) -> bool:
+        """Whether a gold table whose `slotlake.snapshot` property is `gold_property` was loaded from this copy."""
+        return bool(gold_property) and (gold_property.get("copy_id"), gold_property.get("generation")) == (
+            self.copy_id, self.generation)
 
     def to_json(self) -> str:
         doc = {k: (str(v) if isinstance(v, Lsn) else v) for k, v in self.__dict__.items()}
@@ -648,6 +654,12 @@ def ensure_snapshots(cfg: Config, source: SourceConfig, *, workers: int | None =
                             copies=tuple(results))
     log.info("%s", report.summary())
     return report
+
+
+def copied_tables(lake_root: str) -> list[str]:
+    """Every table with a copy folder under bronze/snapshot/, sorted."""
+    folder = snapshot_dir(lake_root)
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name != GENERATIONS) if folder.is_dir() else []
 
 
 def pending_loads(lake_root: str, tables: list[str]) -> Iterator[TableCopy]:

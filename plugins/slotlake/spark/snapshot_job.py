@@ -28,12 +28,11 @@ from slotlake.lake import LakePaths
 from slotlake.merge.plan import (COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, USER_METADATA, KeyStrategy,
                                  TableShape, plan_table, stage_metadata)
 from slotlake.merge.visibility import CopySnapshot
-from slotlake.source.snapshot import TableCopy, part_paths, pending_loads
+from slotlake.source.snapshot import SNAPSHOT_PROPERTY, TableCopy, copied_tables, part_paths, pending_loads
 from slotlake.spark.merge_job import QUARANTINE_SCHEMA, quarantine_bad_values, typed_changes
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_PROPERTY = "slotlake.snapshot"
 STAGE = "snapshot"
 
 
@@ -88,7 +87,7 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
     schema, _, table = copy.table.partition(".")
     gold = paths.gold(schema, table)
     loaded = _gold_property(spark, gold)
-    if loaded and loaded.get("copy_id") == copy.copy_id and loaded.get("generation") == copy.generation:
+    if copy.loaded_in(loaded):
         return SnapshotLoad(copy.table, copy.copy_id, copy.rows, None)
     shape = TableShape(schema, table, tuple(c["name"] for c in copy.columns),
                        tuple(int(c["type_oid"]) for c in copy.columns), tuple(int(c["typmod"]) for c in copy.columns),
@@ -146,12 +145,5 @@ def load_snapshots(spark: SparkSession, cfg: Config, source: str,
     src = cfg.source(source)
     if "://" in paths.root and not paths.root.startswith("file://"):
         return []  # copies live in bronze, which is local only: a lake on an object store holds none
-    names = list(tables or src.tables or _copied_tables(paths.root))
+    names = list(tables or src.tables or copied_tables(paths.root))
     return [load_table(spark, cfg, source, c) for c in pending_loads(paths.root, names)]
-
-
-def _copied_tables(lake_root: str) -> list[str]:
-    from slotlake.source.snapshot import GENERATIONS, snapshot_dir
-
-    folder = snapshot_dir(lake_root)
-    return sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name != GENERATIONS) if folder.is_dir() else []
