@@ -84,7 +84,7 @@ def test_idle_sync_skips_spark_and_every_pending_case_runs_it(pg_db, tmp_path):
 
     # 1. a new source: slot, initial copy, and its load into gold: Spark runs
     report, log = sync(cfg)
-    assert_ran(report, log, "initial copy of public.hist, public.items is not loaded")
+    assert_ran(report, log, "initial copy of public.items, public.hist is not loaded")
     assert_gold(paths, pg_db, tables)
 
     # 2. nothing new: no Spark app, gold untouched and still equal to PostgreSQL
