@@ -202,7 +202,7 @@ def test_bootstrap_read_matches_the_ddl_event(conn, slot):
         for t in e.tables:
             latest[t.oid] = t
     boot = read_table_defs(conn)
-    assert [t.qualified_name for t in boot] == ["app.Order Items", "public.plain"]
+    assert [t.qualified_name for t in boot] == ['app."Order Items"', "public.plain"]  # canonical names (TableName)
     assert boot == [latest[t.oid] for t in boot]
     items = boot[0]
     assert [c.type_name for c in items.columns] == ["integer", "app.mood", "numeric(8,2)", "text[]",

@@ -796,7 +796,7 @@ def resync(cfg: Config, source: SourceConfig, *, workers: int | None = None,
     archived = bronze.max_archived_end(root)
     with connect(source) as conn:
         now = current_wal_lsn(conn)
-        if archived is not None and archived >= now:
+        if archived is not None and archived > now:
             # Only possible when the server's WAL went backwards (restored from a backup): extract's crash
             # recovery would advance the new slot to the old bronze end and skip real changes.
             raise SnapshotError(f"resync {source.name}: bronze holds files up to {archived}, past the server's WAL "
