@@ -9,6 +9,9 @@ tpcb-like script (`pgbench -t`, each transaction = 3 UPDATEs + 1 INSERT = 4 row 
 its stages timed separately, the same functions the CLI and the DAG run:
   preflight + extract   in a spawned child, whose ru_maxrss is the extract's peak RSS
   decode, merge         spark-submit apps (JVM start included: that is what a run costs)
+Then the fixed cost: an idle `sync` (nothing new since the last one) and a sync of ~1,000 row changes over the 4
+tables (250 tpcb-like transactions), each `--repeat` times as `.venv/bin/slotlake sync` in a new process
+(interpreter start and imports included), reported as the median and every run.
 changes/s = row changes (silver rows written by this decode) / stage seconds; MB/s = the pgoutput bytes the extract
 archived / stage seconds (one base for every stage, so the figures compare). At the end gold is compared with
 PostgreSQL: the small tables row by row (tests/oracle.py), the big ones by count and column sums.
@@ -22,6 +25,7 @@ import logging
 import multiprocessing as mp
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -111,11 +115,31 @@ def compare(spark, paths: LakePaths, dsn: str) -> list[str]:
     return lines
 
 
+def cli_sync(cfg) -> float:
+    """Seconds of one `slotlake sync bench` in a new process, as a user or cron runs it (imports included)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "plugins")}
+    t = time.perf_counter()
+    subprocess.run([str(ROOT / ".venv" / "bin" / "slotlake"), "--config", cfg.path, "sync", "bench"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    return time.perf_counter() - t
+
+
+def fixed_cost(cfg, pg: LocalPostgres, repeat: int) -> dict[str, list[float]]:
+    """Seconds of an idle CLI sync and of a ~1,000-change CLI sync, `repeat` times each (they alternate)."""
+    out: dict[str, list[float]] = {"idle sync": [], "1,000-change sync": []}
+    for _ in range(repeat):
+        out["idle sync"].append(cli_sync(cfg))
+        pgbench(pg, "-n", "-c", "1", "-t", str(1000 // CHANGES_PER_TXN))
+        out["1,000-change sync"].append(cli_sync(cfg))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--changes", type=int, default=1_000_000, help="row changes to generate (default 1,000,000)")
     ap.add_argument("--scale", type=int, default=1, help="pgbench -s (100,000 accounts per unit)")
     ap.add_argument("--clients", type=int, default=4, help="pgbench -c")
+    ap.add_argument("--repeat", type=int, default=3, help="idle and 1,000-change syncs to time (default 3)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     load_start = os.getloadavg()
@@ -151,8 +175,9 @@ def main() -> None:
         t = time.perf_counter()
         task_merge(cfg, "bench")
         stages["merge (spark-submit)"] = time.perf_counter() - t
-        load_end = os.getloadavg()
         changes = decoded_rows(paths, silver_before)
+        fixed = fixed_cost(cfg, pg, args.repeat)
+        load_end = os.getloadavg()
         mb = (ext["bytes"] or 0) / 1e6
         print(f"\npgbench -i -s {args.scale}: {init_s:.1f}s; first sync (slot + initial copy): {first_s:.1f}s; "
               f"pgbench {args.clients} clients x {txns} tpcb-like transactions: {bench_s:.1f}s")
@@ -161,6 +186,8 @@ def main() -> None:
         for name, s in [*stages.items(), ("total", sum(stages.values()))]:
             print(f"{name:<24} {s:>8.1f} {changes / s:>11,.0f} {mb / s:>7.2f}")
         print(f"extract peak RSS: {ext['max_rss_mb']:.0f} MB")
+        for name, runs in fixed.items():
+            print(f"{name}: median {statistics.median(runs):.1f} s (" + ", ".join(f"{x:.1f}" for x in runs) + ")")
         print("load average (1/5/15 min): start " + "/".join(f"{x:.1f}" for x in load_start)
               + ", end " + "/".join(f"{x:.1f}" for x in load_end) + f" on {os.cpu_count()} CPUs", flush=True)
 

@@ -4,7 +4,8 @@ The pipeline report and `slotlake status` only need what each commit says about 
 operation metrics and the `userMetadata` slotlake writes with every decode and merge commit
 (`{"slotlake": {"end_lsn": "X/Y", "stage": "merge"}}`, see docs/internals.md). Those live in the JSON commit
 files `_delta_log/<version>.json`, so a few small file reads answer the question in milliseconds, where a Spark
-session would take seconds. Table *data* is never read here (that needs a full log replay: use Spark).
+session would take seconds. Table *data* is never read here (that needs a full log replay: use Spark); the one
+table-level fact read here is the table's properties (`table_properties`: the newest `metaData` action).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from slotlake.names import TableName
 
 log = logging.getLogger(__name__)
 _COMMIT_FILE = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT_FILE = re.compile(r"^(\d{20})\.checkpoint(\.\d{10}\.\d{10})?\.parquet$")  # classic, single or multi-part
 
 
 @dataclass(frozen=True)
@@ -131,3 +133,41 @@ def gold_tables(source_root: str) -> list[TableName]:
             continue
         out.append(TableName(schema, table))
     return sorted(out)
+
+
+def table_properties(table_path: str) -> dict[str, str] | None:
+    """The table's properties (`metaData.configuration` of the newest metaData action); None when the log does not
+    say (no table, or a checkpoint kind this reader does not parse: ask Spark).
+
+    Reads the JSON commits after the newest classic checkpoint, newest first, then that checkpoint's `metaData`
+    column: at most a checkpoint interval of small files, however long the history.
+    """
+    log_dir = local_path(table_path) / "_delta_log"
+    if not log_dir.is_dir():
+        return None
+    commits_: list[int] = []
+    checkpoints: dict[int, list[Path]] = {}
+    for entry in log_dir.iterdir():
+        if m := _COMMIT_FILE.match(entry.name):
+            commits_.append(int(m.group(1)))
+        elif m := _CHECKPOINT_FILE.match(entry.name):
+            checkpoints.setdefault(int(m.group(1)), []).append(entry)
+    newest_checkpoint = max(checkpoints, default=-1)
+    for v in sorted((v for v in commits_ if v > newest_checkpoint), reverse=True):
+        try:
+            text = (log_dir / f"{v:020d}.json").read_text()
+        except FileNotFoundError:
+            return None  # log cleanup while we read: let Spark answer
+        for line in text.splitlines():
+            if line.startswith('{"metaData"'):
+                return dict(json.loads(line)["metaData"].get("configuration") or {})
+    if newest_checkpoint < 0:
+        return None if 0 not in commits_ else {}
+    import pyarrow.parquet as pq
+
+    for part in checkpoints[newest_checkpoint]:
+        for meta in pq.read_table(part, columns=["metaData"]).column("metaData").to_pylist():
+            if meta is not None:
+                conf = meta.get("configuration") or {}
+                return dict(conf) if not isinstance(conf, dict) else conf  # a Parquet map comes as (key, value) pairs
+    return None

@@ -5,6 +5,10 @@
 with the same `spark_app()` description that `task_decode`/`task_merge` run here (`sync()` runs both job
 functions in one Spark application, `spark_apps/sync.py`, to start one JVM instead of two). Every task returns a small
 JSON-able dict (it becomes the task's XCom), never data.
+
+After the extract, `slotlake.pending` decides from the lake's watermarks (no Spark) whether the decode and merge
+have anything to do; when nothing is due the Spark app is not started (the DAG skips its decode and merge tasks)
+and the report says why.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from slotlake.config import Config
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
+from slotlake.pending import PendingWork, pending_after_extract
 from slotlake.spark.submit import run_spark_app, spark_app
 
 log = logging.getLogger(__name__)
@@ -68,6 +73,8 @@ class SyncReport:
     wal_status: str | None
     seconds: float
     slot: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # slot_status() after the run, as a dict
+    spark: str | None = None  # what the Spark stage did or why it was skipped (PendingWork.describe())
+    spark_skipped: bool = False  # nothing was due: no Spark app was started
 
     def as_dict(self) -> dict[str, Any]:
         return plain(self)
@@ -80,7 +87,8 @@ class SyncReport:
         return (f"sync {self.source}: archived {self.archived_changes} messages in {self.archived_files} files "
                 f"({self.archived_bytes / 1e6:.1f} MB), decoded {decoded} changes, "
                 f"merged {merged} rows into {len(self.merged)} tables, quarantined {quarantined} values, "
-                f"end LSN {self.end_lsn}, slot lag {lag} bytes ({self.wal_status}), {self.seconds:.1f}s")
+                f"end LSN {self.end_lsn}, slot lag {lag} bytes ({self.wal_status}), {self.seconds:.1f}s"
+                + (f"; {self.spark}" if self.spark_skipped else ""))
 
 
 def lake_versions(cfg: Config, source_name: str) -> dict[str, Any]:
@@ -122,7 +130,14 @@ def task_extract(cfg: Config, source_name: str) -> dict[str, Any]:
     out["files"] = len(result.files)  # the names can be many; XCom keeps small values
     out["lake_versions"] = before
     out["started_at"] = started
+    out["pending"] = pending_after_extract(cfg, source_name).as_dict()  # read by the DAG's Spark tasks and the report
     return out
+
+
+def pending_of(extracted: Mapping[str, Any]) -> PendingWork:
+    """The extract's decision on what the Spark stage must do (everything, for an XCom without one)."""
+    doc = extracted.get("pending")
+    return PendingWork.from_dict(doc) if doc else PendingWork("the extract did not decide", None)
 
 
 def task_decode(cfg: Config, source_name: str) -> None:
@@ -184,6 +199,7 @@ def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) ->
             merged.append(t)
     status = plain(slot_status(cfg.source(source_name)))
     started = float(extracted.get("started_at") or time.time())
+    pending = pending_of(extracted)
     report = SyncReport(
         source=source_name,
         archived_files=_count(extracted.get("files")),
@@ -197,6 +213,8 @@ def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) ->
         wal_status=status.get("wal_status"),
         seconds=round(time.time() - started, 1),
         slot=status,
+        spark=pending.describe(),
+        spark_skipped=pending.idle,
     )
     log.info("%s", report.summary())
     return report
@@ -216,12 +234,18 @@ def task_decode_and_merge(cfg: Config, source_name: str) -> None:
 
 def sync(cfg: Config, source_name: str) -> SyncReport:
     """Bring one source's lake up to date: the same steps, in the same order, as the sync DAG (its decode and
-    merge tasks run here as one Spark application). Holds the source's run lock throughout (the Spark app runs
-    under it), so another run of the source waits or stops with the holder named (`slotlake.source.lock`)."""
+    merge tasks run here as one Spark application, only when something is due). Holds the source's run lock
+    throughout (the Spark app runs under it), so another run of the source waits or stops with the holder named
+    (`slotlake.source.lock`)."""
     from slotlake.source.lock import source_lock
 
     with source_lock(cfg.source(source_name), "sync"):
         task_preflight(cfg, source_name)
         extracted = task_extract(cfg, source_name)
-        task_decode_and_merge(cfg, source_name)
+        pending = pending_of(extracted)
+        log.info("sync %s: %s", source_name, pending.describe())
+        if pending.decode is not None:
+            task_decode_and_merge(cfg, source_name)
+        elif pending.merge is not None:
+            task_merge(cfg, source_name)
     return build_report(cfg, source_name, extracted)

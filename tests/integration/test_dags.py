@@ -144,3 +144,27 @@ def test_sync_dag_runs_gold_equals_postgres(pg_db, airflow_home, tmp_path):
         for table in TABLES:
             schema, name = table.split(".")
             assert_gold_equals_pg(None, str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+@pytest.mark.airflow
+@pytest.mark.slow
+def test_sync_dag_with_nothing_new_skips_decode_and_merge(pg_db, airflow_home, tmp_path):
+    """A DAG run after which nothing is due skips its SparkSubmit tasks before spark-submit (no JVM) and still
+    reports; gold stays equal to PostgreSQL."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        for s in ROUND_1:
+            conn.execute(s)
+    cfg = write_config(tmp_path / "slotlake.yaml", pg_db)
+    env = local_airflow_env(airflow_home, cfg)
+    first = dags_test(env, "slotlake_sync__shop")  # the initial copy is loaded: decode and merge run
+    assert "Spark-Submit cmd" in first and "decode and merge skipped" not in first
+    second = dags_test(env, "slotlake_sync__shop")
+    assert "decode and merge skipped: nothing new" in second
+    assert "Spark-Submit cmd" not in second  # neither SparkSubmitOperator reached spark-submit
+    assert "sync shop: archived 0 messages" in second and "decode and merge skipped" in second
+    for table in TABLES:
+        schema, name = table.split(".")
+        assert_gold_equals_pg(None, str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)

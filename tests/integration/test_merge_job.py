@@ -537,3 +537,54 @@ def test_a_quarantine_table_of_an_older_release_gets_the_row_key_column(lake):
     assert df.schema["row_key"].dataType == MapType(StringType(), StringType())
     rows = sorted((r["raw_value"], None if r["row_key"] is None else dict(r["row_key"])) for r in df.collect())
     assert rows == [("Infinity", {"id": "2"}), ("NaN", None)]
+
+
+def _last_operation(lake, table: Tbl) -> tuple[str, dict]:
+    from delta.tables import DeltaTable
+    row = DeltaTable.forPath(lake.spark, lake.paths.gold(table.schema, table.name)).history(1).collect()[0]
+    return row["operation"], json.loads(row["userMetadata"])
+
+
+def test_insert_only_batches_are_appends_with_the_merge_semantics(lake):
+    """Plain inserts are appended (a Delta WRITE with the watermark), giving exactly what the MERGE gives:
+    FULL copies numbered 1..n with the last copy's LSN, keyed rows as inserted; a batch whose row or key gold
+    already holds, or with a TRUNCATE, keeps the MERGE."""
+    t = Tbl("hist", (("a", INT4, -1, True), ("b", TEXT, -1, True)), ri="f")
+    lake.decode([t.ins(100, 0, "1", "x"), t.ins(100, 1, "1", "x"), t.ins(200, 0, "1", "x"),
+                 t.ins(200, 1, "2", None), ITEMS.ins(100, 2, "1", "a"), ITEMS.ins(200, 2, "2", "b")], 250)
+    lake.merge()
+    assert lake.gold(t, "_slotlake_dup", "_slotlake_lsn") == [
+        (1, "x", 1, 200), (1, "x", 2, 200), (1, "x", 3, 200), (2, None, 1, 200)]
+    assert lake.gold(ITEMS, "_slotlake_lsn") == [(1, "a", 100), (2, "b", 200)]
+    meta = {"slotlake": {"end_lsn": "0/FA", "stage": "merge"}}
+    assert _last_operation(lake, t) == ("WRITE", meta)
+    assert _last_operation(lake, ITEMS) == ("WRITE", meta)
+    before = lake.gold_version(t)
+    assert lake.merge().tables[0].up_to_date and lake.gold_version(t) == before  # re-run: no-op
+    # rows gold already has: the MERGE numbers the new copy after the existing ones / updates the key
+    lake.decode([t.ins(300, 0, "2", None), ITEMS.ins(300, 1, "2", "b2")], 350)
+    lake.merge()
+    assert lake.gold(t, "_slotlake_dup", "_slotlake_lsn") == [
+        (1, "x", 1, 200), (1, "x", 2, 200), (1, "x", 3, 200), (2, None, 1, 200), (2, None, 2, 300)]
+    assert lake.gold(ITEMS, "_slotlake_lsn") == [(1, "a", 100), (2, "b2", 300)]
+    assert _last_operation(lake, t)[0] == _last_operation(lake, ITEMS)[0] == "MERGE"
+    # a TRUNCATE in the batch: the MERGE empties the table first
+    lake.decode([t.trunc(400, 0), t.ins(400, 1, "5", "q")], 450)
+    lake.merge()
+    assert lake.gold(t, "_slotlake_dup") == [(5, "q", 1)]
+    assert _last_operation(lake, t)[0] == "MERGE"
+
+
+def test_insert_only_append_keeps_soft_deleted_keys_merged(spark, tmp_path):
+    lake = Lake(spark, tmp_path, delete_mode="soft")
+    lake.decode([ITEMS.ins(100, 0, "1", "a"), ITEMS.ins(100, 1, "2", "b")], 150)
+    lake.merge()
+    assert _last_operation(lake, ITEMS)[0] == "WRITE"
+    assert lake.gold(ITEMS, "_slotlake_deleted") == [(1, "a", False), (2, "b", False)]
+    lake.decode([ITEMS.dele(200, 0, "1", "a")], 250)
+    lake.merge()
+    lake.decode([ITEMS.ins(300, 0, "1", "again"), ITEMS.ins(300, 1, "3", "c")], 350)  # key 1 is soft-deleted
+    lake.merge()
+    assert _last_operation(lake, ITEMS)[0] == "MERGE"
+    assert lake.gold(ITEMS, "_slotlake_deleted", "_slotlake_lsn") == [
+        (1, "again", False, 300), (2, "b", False, 100), (3, "c", False, 300)]

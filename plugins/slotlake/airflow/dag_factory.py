@@ -3,23 +3,27 @@
 `slotlake_sync__<source>`: preflight -> extract -> decode -> merge -> report. preflight, extract and report are
 Python tasks calling `slotlake.pipeline`; decode and merge are `SparkSubmitOperator`s fed with the same
 `SparkApp` the CLI submits. Building a DAG touches no database and starts no Spark: it only reads the config.
+When the extract finds nothing due (`slotlake.pending`, in its XCom), decode and merge skip themselves before
+spark-submit (no JVM) and the report still runs; when only the merge is due (a merge that died halfway), only
+the decode is skipped.
 """
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 from contextlib import ExitStack
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, CronDataIntervalTimetable, task
+from airflow.sdk import DAG, CronDataIntervalTimetable, TriggerRule, task
+from airflow.sdk.exceptions import AirflowSkipException
 
 from slotlake import pipeline
 from slotlake.airflow.replay_dag import build_replay_dag
 from slotlake.config import Config, SourceConfig
+from slotlake.pending import PendingWork
 from slotlake.spark.submit import SparkApp, code_zip, spark_app
 
 log = logging.getLogger(__name__)
@@ -75,9 +79,40 @@ def _release_lock(context: Mapping[str, Any], *_: Any) -> None:
         stack.close()
 
 
-def spark_submit_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig) -> SparkSubmitOperator:
+Due = Callable[[Mapping[str, Any]], str | None]  # (task context) -> why the app must run, None: skip it
+
+
+def _extract_pending(context: Mapping[str, Any]) -> PendingWork:
+    return pipeline.pending_of(context["ti"].xcom_pull(task_ids="extract") or {})
+
+
+def decode_due(context: Mapping[str, Any]) -> str | None:
+    return _extract_pending(context).decode
+
+
+def merge_due(context: Mapping[str, Any]) -> str | None:
+    pending = _extract_pending(context)
+    return None if pending.idle else (pending.merge or pending.decode)
+
+
+def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig) -> Callable[[Mapping[str, Any]], None]:
+    def run(context: Mapping[str, Any]) -> None:
+        if due is not None:
+            reason = due(context)
+            if reason is None:
+                # No spark-submit: the task ends SKIPPED and says why (the extract's decision).
+                raise AirflowSkipException(f"{app.name}: {_extract_pending(context).describe()}")
+            log.info("%s: %s", app.name, reason)
+        _take_lock(source, app.ship_code, context)
+
+    return run
+
+
+def spark_submit_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig, due: Due | None = None,
+                      **kwargs: Any) -> SparkSubmitOperator:
     """A SparkSubmitOperator running `app` exactly as `slotlake.spark.submit.run_spark_app` would, holding the
-    source's run lock (`slotlake.source.lock`) while it runs."""
+    source's run lock (`slotlake.source.lock`) while it runs; with `due`, it skips itself (before spark-submit)
+    when `due(context)` gives no reason to run."""
     return SparkSubmitOperator(
         task_id=task_id,
         application=app.application,
@@ -87,9 +122,10 @@ def spark_submit_task(app: SparkApp, task_id: str, conn_id: str, source: SourceC
         name=app.name,
         env_vars=dict(app.env),
         spark_binary=app.spark_submit,
-        pre_execute=functools.partial(_take_lock, source, app.ship_code),
+        pre_execute=_pre_execute(app, due, source),
         post_execute=_release_lock,
         on_failure_callback=_release_lock,
+        **kwargs,
     )
 
 
@@ -132,12 +168,15 @@ def build_sync_dag(cfg: Config, source_name: str) -> DAG:
         def extract() -> dict[str, Any]:
             return pipeline.task_extract(cfg, source_name)
 
-        @task(task_id="report")
+        # Runs after a skipped decode/merge too (nothing was due), never after a failed one.
+        @task(task_id="report", trigger_rule=TriggerRule.NONE_FAILED)
         def report(extracted: dict[str, Any]) -> dict[str, Any]:
             return pipeline.task_report(cfg, source_name, extracted)
 
-        decode = spark_submit_task(spark_app(cfg, source_name, "decode"), "decode", conn_id, source)
-        merge = spark_submit_task(spark_app(cfg, source_name, "merge"), "merge", conn_id, source)
+        decode = spark_submit_task(spark_app(cfg, source_name, "decode"), "decode", conn_id, source, due=decode_due)
+        # A skipped decode does not skip the merge: a merge can be due alone (one that died halfway).
+        merge = spark_submit_task(spark_app(cfg, source_name, "merge"), "merge", conn_id, source, due=merge_due,
+                                  trigger_rule=TriggerRule.NONE_FAILED)
         extracted = extract()
         done = report(extracted)
         preflight() >> extracted >> decode >> merge >> done

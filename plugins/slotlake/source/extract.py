@@ -24,6 +24,7 @@ placing its first file and before advancing the slot, to simulate a crash in tha
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import struct
@@ -52,9 +53,13 @@ FAILPOINT_AFTER_WRITE = "extract_after_write"
 SCHEMA = pa.schema([("lsn", pa.int64()), ("xid", pa.int64()), ("data", pa.binary()), ("ord", pa.int64())])
 _COMMIT_LEN = 26  # 'C', int8 flags, int64 commit_lsn, int64 end_lsn, int64 commit ts
 _END_LSN = struct.Struct(">Q")  # Commit.end_lsn at byte offset 10
-_C = pa.scalar(b"C", pa.binary())
-_M = pa.scalar(b"M", pa.binary())
-_NON_TRANSACTIONAL = pa.scalar(b"\x00", pa.binary())  # Message flags byte: bit 0 = transactional
+
+
+@functools.cache
+def _markers() -> tuple[pa.Scalar, pa.Scalar, pa.Scalar]:
+    """Commit tag, Message tag, non-transactional Message flags (bit 0 = transactional). Built on first use: a
+    pyarrow value made from Python objects imports pandas (seconds), which a sync with nothing to archive skips."""
+    return pa.scalar(b"C", pa.binary()), pa.scalar(b"M", pa.binary()), pa.scalar(b"\x00", pa.binary())
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,7 @@ class _Call:
 
 def _scan(call: _Call, batch: pa.RecordBatch) -> None:
     """Find the last Commit frame (vectorised) and what follows it, updating `call`."""
+    _C, _M, _NON_TRANSACTIONAL = _markers()
     data = batch.column("data")
     lengths = pc.binary_length(data)
     call.rows += batch.num_rows

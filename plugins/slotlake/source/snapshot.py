@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import psycopg
 import pyarrow as pa
@@ -66,6 +66,7 @@ PART_PAGES_ENV = "SLOTLAKE_SNAPSHOT_PART_PAGES"
 MANIFEST = "manifest.json"
 GENERATIONS = "_generations"
 PUBLICATIONS = "_publications"  # when a publication created after the slot may be read with it
+SNAPSHOT_PROPERTY = "slotlake.snapshot"  # gold table property naming the copy the table was loaded from
 BARRIER_TIMEOUT_S = 600.0
 
 # Types whose cast to text is their output function (I/O conversion or binary-coercible text). Every other type
@@ -119,6 +120,11 @@ class TableCopy:
     def copy_snapshot(self) -> CopySnapshot | None:
         """The visibility filter the merge needs (None for a copy under the slot's own snapshot)."""
         return CopySnapshot.parse(self.snapshot, self.lsn_after) if self.kind == "current" else None
+
+    def loaded_in(self, gold_property: Mapping[str, Any] | None) -> bool:
+        """Whether a gold table whose `slotlake.snapshot` property is `gold_property` was loaded from this copy."""
+        return bool(gold_property) and (gold_property.get("copy_id"), gold_property.get("generation")) == (
+            self.copy_id, self.generation)
 
     def to_json(self) -> str:
         doc = {k: (str(v) if isinstance(v, Lsn) else v) for k, v in self.__dict__.items()}
@@ -725,6 +731,21 @@ def ensure_snapshots(cfg: Config, source: SourceConfig, *, workers: int | None =
                             copies=tuple(results))
     log.info("%s", report.summary())
     return report
+
+
+def copied_tables(lake_root: str) -> list[str]:
+    """Every table (canonical name) with a copy folder under bronze/snapshot/, sorted."""
+    folder = snapshot_dir(lake_root)
+    if not folder.is_dir():
+        return []
+    names = (table_of_copy_folder(p.name) for p in folder.iterdir()
+             if p.is_dir() and p.name not in (GENERATIONS, PUBLICATIONS))
+    return sorted(n for n in names if n is not None)
+
+
+def load_candidates(lake_root: str, source: SourceConfig) -> list[str]:
+    """The tables whose copies the gold load looks at: the listed ones, else every copied table the source syncs."""
+    return list(source.listed_tables or [t for t in copied_tables(lake_root) if source.syncs(t)])
 
 
 def pending_loads(lake_root: str, tables: list[str]) -> Iterator[TableCopy]:

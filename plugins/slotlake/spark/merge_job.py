@@ -24,8 +24,8 @@ from typing import Callable, Sequence
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import (DataType, IntegerType, LongType, MapType, StringType, StructField, StructType,
-                               TimestampType)
+from pyspark.sql.types import (BooleanType, DataType, DateType, IntegerType, LongType, MapType, NumericType,
+                               StringType, StructField, StructType, TimestampNTZType, TimestampType)
 
 from slotlake.catalog import CatalogVersion
 from slotlake.config import Config, SchemaChanges, SourceConfig
@@ -35,11 +35,13 @@ from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import (COLUMN_MAPPING, COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, TXN_APP_ID, TXN_VERSION,
                                  USER_METADATA, KeyStrategy, TablePlan, TableShape, merge_commit_conf,
-                                 needs_column_mapping, newest_watermark, plan_table, schema_mismatch, watermark_of)
+                                 needs_column_mapping, newest_watermark, plan_table, schema_mismatch, stage_metadata,
+                                 watermark_of)
 from slotlake.merge.evolution import ColumnHistoryEvent, Evolution, column_events, plan_evolution
 from slotlake.merge.visibility import CopySnapshot, not_seen_by_copy
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
+from slotlake.pending import RUNS_STAGE
 
 log = logging.getLogger(__name__)
 
@@ -217,11 +219,18 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
     runs = spark.createDataFrame(
         [(int(end), r.schema_name, r.table_name, r.gold_version, finished) for r in results.values()], RUNS_SCHEMA)
     _ensure_table(spark, paths.runs, RUNS_SCHEMA)
-    # Keyed by (run end, table) so a re-run adds nothing.
-    (DeltaTable.forPath(spark, paths.runs).alias("t")
-     .merge(runs.alias("s"), "t.run_end_lsn = s.run_end_lsn AND t.schema_name = s.schema_name "
-                              "AND t.table_name = s.table_name")
-     .whenNotMatchedInsertAll().execute())
+    # A run over every table marks its commit with the run's end: the sync's no-Spark check (slotlake.pending)
+    # reads it as "every table is merged up to silver's end". A run over chosen tables does not.
+    if tables is None and end_lsn is None:
+        spark.conf.set(USER_METADATA, stage_metadata(end, RUNS_STAGE))
+    try:
+        # Keyed by (run end, table) so a re-run adds nothing.
+        (DeltaTable.forPath(spark, paths.runs).alias("t")
+         .merge(runs.alias("s"), "t.run_end_lsn = s.run_end_lsn AND t.schema_name = s.schema_name "
+                                  "AND t.table_name = s.table_name")
+         .whenNotMatchedInsertAll().execute())
+    finally:
+        spark.conf.unset(USER_METADATA)
     log.info("%s", report.summary())
     return report
 
@@ -291,6 +300,8 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     stats = batch.agg(
         F.count(F.lit(1)).alias("n"),
         F.max(F.when(F.col("op") == "T", F.struct("commit_lsn", "seq", "commit_ts"))).alias("trunc"),
+        # plain inserts (no unchanged TOAST): when every change is one, the write may be an append (_append_rows)
+        F.count(F.when((F.col("op") == "I") & (F.coalesce(F.size("unchanged"), F.lit(0)) <= 0), 1)).alias("plain"),
     ).collect()[0]
     n = int(stats["n"])
     if n == 0:
@@ -337,28 +348,34 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     quarantined = unapplied = 0
     typed: DataFrame | None = None
     source_df: DataFrame | None = None
+    append_df: DataFrame | None = None
     try:
         if plan is not None and evo is not None:
             typed = _typed_layouts(after, plan, evo, layouts, numeric).persist(StorageLevel.MEMORY_AND_DISK)
             quarantined = quarantine_bad_values(session, src, paths, plan, typed, end)
-            if plan.strategy is KeyStrategy.KEYED:
+            if trunc is None and (int(stats["plain"]) == n or plan.strategy is KeyStrategy.INSERT_ONLY):
+                append_df = _append_rows(session, plan, typed, gold)
+            if append_df is not None:
+                if plan.strategy is KeyStrategy.INSERT_ONLY:
+                    unapplied = typed.where(F.col("op").isin("U", "D")).count()
+            elif plan.strategy is KeyStrategy.KEYED:
                 source_df = _keyed_source(plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
             elif plan.strategy is KeyStrategy.FULL_ROW:
                 source_df = _full_row_source(plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
             else:
                 unapplied = typed.where(F.col("op").isin("U", "D")).count()
-                if unapplied:
-                    log.warning("%s is merged insert-only (REPLICA IDENTITY NOTHING, or keyless): %d update(s)/"
-                                "delete(s) up to %s cannot be applied", name, unapplied, end)
                 source_df = typed.where(F.col("op") == "I").select(*_value_cols(plan), *_meta_cols())
-        _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc)
+        if unapplied:
+            log.warning("%s is merged insert-only (REPLICA IDENTITY NOTHING, or keyless): %d update(s)/"
+                        "delete(s) up to %s cannot be applied", name, unapplied, end)
+        _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc, append_df)
     finally:
         if typed is not None:
             typed.unpersist()
     version, metrics = _last_commit(session, gold)
     result = TableMergeResult(
         schema, table, n, version,
-        rows_inserted=int(metrics.get("numTargetRowsInserted", 0)),
+        rows_inserted=int(metrics.get("numTargetRowsInserted", metrics.get("numOutputRows", 0))),  # MERGE | append
         rows_updated=int(metrics.get("numTargetRowsUpdated", 0)),
         rows_deleted=int(metrics.get("numTargetRowsDeleted", 0)),
         quarantined=quarantined, unapplied=unapplied, truncated=trunc is not None,
@@ -900,12 +917,70 @@ def _full_row_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None
 
 # ---- the one Delta commit ----------------------------------------------------------------------------------
 
+_PRUNABLE = (NumericType, StringType, DateType, TimestampType, TimestampNTZType, BooleanType)
+
+
+def _append_rows(session: SparkSession, plan: TablePlan, typed: DataFrame, gold: str) -> DataFrame | None:
+    """The batch as gold rows to append, when appending them is exactly what the MERGE would do; else None.
+
+    The caller has checked that the batch holds no TRUNCATE and only plain inserts (NOTHING tables: only the
+    inserts are ever applied). Then the MERGE inserts every row and updates none, unless gold already holds a row
+    with the same key (KEYED: the key columns, a soft-deleted row included; FULL: the whole row, whose copies
+    `_slotlake_dup` numbers) or the batch repeats a key: those batches keep the MERGE. That check reads only the
+    gold files whose column statistics overlap the batch's value ranges (Delta data skipping), not all of gold.
+    """
+    from delta.tables import DeltaTable
+
+    shape = plan.shape
+    ncols = len(shape.columns)
+    inserts = typed.where(F.col("op") == "I")
+    if plan.strategy is not KeyStrategy.INSERT_ONLY:
+        keys = list(plan.key_positions) if plan.strategy is KeyStrategy.KEYED else list(range(ncols))
+        key_cols = [F.col(f"__n{k}") for k in keys]
+        prunable = [k for k in keys if isinstance(inserts.schema[f"__n{k}"].dataType, _PRUNABLE)]
+        aggs = [F.count(F.lit(1)).alias("n"), F.count_distinct(F.struct(*key_cols)).alias("keys")]
+        for k in prunable:
+            aggs += [F.min(f"__n{k}").alias(f"lo{k}"), F.max(f"__n{k}").alias(f"hi{k}"),
+                     F.count(F.when(F.col(f"__n{k}").isNull(), 1)).alias(f"nulls{k}")]
+        r = inserts.agg(*aggs).collect()[0]
+        if plan.strategy is KeyStrategy.KEYED and r["keys"] != r["n"]:
+            return None  # a key inserted twice: the MERGE keeps the last one
+        target = DeltaTable.forPath(session, gold).toDF()
+        for k in prunable:
+            c = F.col(_q(shape.columns[k]))
+            within = c.between(r[f"lo{k}"], r[f"hi{k}"]) if r[f"lo{k}"] is not None else F.lit(False)
+            target = target.where(within | c.isNull() if r[f"nulls{k}"] else within)
+        batch_keys = inserts.select(*[F.col(f"__n{k}").alias(f"__k{j}") for j, k in enumerate(keys)]).distinct()
+        cond = _and([target[_q(shape.columns[k])].eqNullSafe(batch_keys[f"__k{j}"]) for j, k in enumerate(keys)])
+        if target.join(batch_keys, cond, "left_semi").limit(1).count():
+            return None  # gold holds one of these keys: the MERGE updates (or revives) it
+    cols = [F.col(f"__n{i}").alias(c) for i, c in enumerate(shape.columns)]
+    meta = [F.col("commit_lsn").alias(LSN_COL), F.col("commit_ts").alias(COMMIT_TS_COL)]
+    if plan.strategy is KeyStrategy.FULL_ROW:
+        # As the MERGE numbers them: copies 1..n of each distinct row, all with the row's last change's LSN/time.
+        every = Window.partitionBy(*[F.col(f"__n{i}") for i in range(ncols)])
+        last = F.max_by(F.struct("commit_lsn", "commit_ts"), F.struct("commit_lsn", "seq")).over(every)
+        out = inserts.select(*cols, last.alias("__last"),
+                             F.row_number().over(every.orderBy("commit_lsn", "seq")).alias(DUP_COL))
+        out = out.select(*[_q(c) for c in shape.columns], F.col("__last.commit_lsn").alias(LSN_COL),
+                         F.col("__last.commit_ts").alias(COMMIT_TS_COL), DUP_COL)
+    else:
+        out = inserts.select(*cols, *meta)
+    if plan.soft_delete:
+        out = out.withColumn(DELETED_COL, F.lit(False))
+    fields = DeltaTable.forPath(session, gold).toDF().schema.fields
+    return out.select(*[F.col(_q(f.name)).cast(f.dataType).alias(f.name) for f in fields])
+
+
 def _execute_merge(session: SparkSession, src: SourceConfig, gold: str, schema: str, table: str, end: Lsn,
-                   plan: TablePlan | None, soft: bool, source_df: DataFrame | None, trunc: _Truncate | None) -> None:
+                   plan: TablePlan | None, soft: bool, source_df: DataFrame | None, trunc: _Truncate | None,
+                   append_df: DataFrame | None = None) -> None:
     from delta.tables import DeltaTable
 
     target = DeltaTable.forPath(session, gold).alias("t")
-    if plan is None or source_df is None:  # TRUNCATE only: an empty source, every gold row unmatched
+    if append_df is not None:  # insert-only batch (_append_rows): a plain append, same commit settings
+        builder = None
+    elif plan is None or source_df is None:  # TRUNCATE only: an empty source, every gold row unmatched
         builder = target.merge(session.range(0).alias("s"), F.lit(False))
     else:
         cols = plan.shape.columns
@@ -945,7 +1020,7 @@ def _execute_merge(session: SparkSession, src: SourceConfig, gold: str, schema: 
         else:  # insert-only
             builder = target.merge(source_df.alias("s"), F.lit(False))
             builder = builder.whenNotMatchedInsert(values={**values, **meta, **live})
-    if trunc is not None:
+    if trunc is not None and builder is not None:
         if soft:
             builder = builder.whenNotMatchedBySourceUpdate(~F.col(f"t.{_q(DELETED_COL)}"), {
                 _q(DELETED_COL): F.lit(True), _q(LSN_COL): F.lit(trunc.commit_lsn),
@@ -956,7 +1031,10 @@ def _execute_merge(session: SparkSession, src: SourceConfig, gold: str, schema: 
     for k, v in conf.items():
         session.conf.set(k, v)
     try:
-        builder.execute()
+        if builder is not None:
+            builder.execute()
+        else:
+            append_df.write.format("delta").mode("append").save(gold)
     finally:
         for k in (TXN_APP_ID, TXN_VERSION, USER_METADATA):
             session.conf.unset(k)

@@ -31,12 +31,11 @@ from slotlake.merge.plan import (COLUMN_MAPPING, COMMIT_TS_COL, DELETED_COL, DUP
 from slotlake.merge.visibility import CopySnapshot
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
-from slotlake.source.snapshot import TableCopy, part_paths, pending_loads
+from slotlake.source.snapshot import SNAPSHOT_PROPERTY, TableCopy, load_candidates, part_paths, pending_loads
 from slotlake.spark.merge_job import ensure_quarantine, quarantine_bad_values, typed_changes
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_PROPERTY = "slotlake.snapshot"
 STAGE = "snapshot"
 
 
@@ -91,7 +90,7 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
     schema, table = TableName.parse(copy.table)
     gold = paths.gold(schema, table)
     loaded = _gold_property(spark, gold)
-    if loaded and loaded.get("copy_id") == copy.copy_id and loaded.get("generation") == copy.generation:
+    if copy.loaded_in(loaded):
         return SnapshotLoad(copy.table, copy.copy_id, copy.rows, None)
     shape = TableShape(schema, table, tuple(c["name"] for c in copy.columns),
                        tuple(int(c["type_oid"]) for c in copy.columns), tuple(int(c["typmod"]) for c in copy.columns),
@@ -143,17 +142,5 @@ def load_snapshots(spark: SparkSession, cfg: Config, source: str,
     src = cfg.source(source)
     if "://" in paths.root and not paths.root.startswith("file://"):
         return []  # copies live in bronze, which is local only: a lake on an object store holds none
-    names = ([str(TableName.parse(t)) for t in tables] if tables else
-             list(src.listed_tables or [t for t in _copied_tables(paths.root) if src.syncs(t)]))
+    names = [str(TableName.parse(t)) for t in tables] if tables else load_candidates(paths.root, src)
     return [load_table(spark, cfg, source, c) for c in pending_loads(paths.root, names)]
-
-
-def _copied_tables(lake_root: str) -> list[str]:
-    from slotlake.source.snapshot import GENERATIONS, PUBLICATIONS, snapshot_dir, table_of_copy_folder
-
-    folder = snapshot_dir(lake_root)
-    if not folder.is_dir():
-        return []
-    names = (table_of_copy_folder(p.name) for p in folder.iterdir()
-             if p.is_dir() and p.name not in (GENERATIONS, PUBLICATIONS))
-    return sorted(n for n in names if n is not None)
