@@ -6,7 +6,8 @@
 Starts a throw-away LocalPostgres, `pgbench -i` (pgbench_history gets REPLICA IDENTITY FULL: it has no key),
 a first `sync` (publication, slot, initial copy of the pgbench tables: timed, not counted), then the built-in
 tpcb-like script (`pgbench -t`, each transaction = 3 UPDATEs + 1 INSERT = 4 row changes), then one more sync with
-its stages timed separately, the same functions the CLI and the DAG run:
+its stages timed separately, the same functions the CLI and the DAG run (after the raw pull of the same slot,
+the baseline: `COPY (SELECT ... pg_logical_slot_peek_binary_changes ...) TO STDOUT` read into nothing):
   preflight + extract   in a spawned child, whose ru_maxrss is the extract's peak RSS
   decode, merge         spark-submit apps (JVM start included: that is what a run costs)
 Then the fixed cost: an idle `sync` (nothing new since the last one) and a sync of ~1,000 row changes over the 4
@@ -66,6 +67,21 @@ def _child_extract(lake: str, dsn: str, out: mp.Queue) -> None:
     extracted = task_extract(cfg, "bench")
     out.put({"seconds": time.perf_counter() - t0, "rows": extracted.get("rows"), "bytes": extracted.get("bytes"),
              "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+
+
+def raw_pull(dsn: str) -> dict:
+    """The baseline: the same slot's pending changes through `COPY (SELECT ... peek_binary_changes ...) TO STDOUT`,
+    read into nothing (what any tool pays to get the bytes out of PostgreSQL)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        t0 = time.perf_counter()
+        nbytes = 0
+        with c.cursor().copy(
+                "COPY (SELECT lsn, xid, data FROM pg_logical_slot_peek_binary_changes('slotlake_bench', "
+                "pg_current_wal_flush_lsn(), NULL, 'proto_version', '1', 'publication_names', 'slotlake_bench', "
+                "'messages', 'true')) TO STDOUT") as copy:
+            for block in copy:
+                nbytes += len(block)
+        return {"seconds": time.perf_counter() - t0, "copy_bytes": nbytes}
 
 
 def preflight_and_extract(lake: str, dsn: str) -> dict:
@@ -167,6 +183,7 @@ def main() -> None:
             if delta_log.is_delta_table(paths.changes) else -1
 
         stages = {}
+        raw = raw_pull(dsn)
         ext = preflight_and_extract(lake, dsn)
         stages["preflight + extract"] = ext["seconds"]
         t = time.perf_counter()
@@ -185,6 +202,8 @@ def main() -> None:
         print(f"{'stage':<24} {'s':>8} {'changes/s':>11} {'MB/s':>7}")
         for name, s in [*stages.items(), ("total", sum(stages.values()))]:
             print(f"{name:<24} {s:>8.1f} {changes / s:>11,.0f} {mb / s:>7.2f}")
+        print(f"{'raw pull (baseline)':<24} {raw['seconds']:>8.1f} {changes / raw['seconds']:>11,.0f} "
+              f"{mb / raw['seconds']:>7.2f}   COPY of peek_binary_changes, same slot, read into nothing")
         print(f"extract peak RSS: {ext['max_rss_mb']:.0f} MB")
         for name, runs in fixed.items():
             print(f"{name}: median {statistics.median(runs):.1f} s (" + ", ".join(f"{x:.1f}" for x in runs) + ")")

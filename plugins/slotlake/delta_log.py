@@ -135,6 +135,21 @@ def gold_tables(source_root: str) -> list[TableName]:
     return sorted(out)
 
 
+def schema_at(table_path: str, version: int) -> dict | None:
+    """The table's schema (the parsed `schemaString` of the newest metaData action) as of `version`; None when the
+    JSON commits do not say (log cleanup left only a checkpoint for it): ask Spark."""
+    log_dir = local_path(table_path) / "_delta_log"
+    for v in range(version, -1, -1):
+        try:
+            text = (log_dir / f"{v:020d}.json").read_text()
+        except FileNotFoundError:
+            return None
+        for line in text.splitlines():
+            if line.startswith('{"metaData"'):
+                return json.loads(json.loads(line)["metaData"]["schemaString"])
+    return None
+
+
 def table_properties(table_path: str) -> dict[str, str] | None:
     """The table's properties (`metaData.configuration` of the newest metaData action); None when the log does not
     say (no table, or a checkpoint kind this reader does not parse: ask Spark).

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterator
 
+from slotlake import delta_log
 from slotlake.bronze import BronzeFile, list_bronze
 from slotlake.catalog import (
     apply_definitions,
@@ -149,6 +150,11 @@ def decode_watermark(spark, changes_path: str, source: str) -> Lsn | None:
     """The end LSN silver has decoded up to: the newest decode commit's userMetadata (None: nothing yet)."""
     from delta.tables import DeltaTable
 
+    if delta_log.readable(changes_path) and delta_log.is_delta_table(changes_path):
+        # A local lake: the JSON commits say it without Spark jobs (the same commits history() reads).
+        last = delta_log.latest_slotlake_commit(changes_path, "decode")
+        if last is not None and last.end_lsn:
+            return Lsn.parse(last.end_lsn)
     if not DeltaTable.isDeltaTable(spark, changes_path):
         return None
     # Only decode appends this table, but OPTIMIZE/VACUUM commits may sit on top: look back a little.
@@ -236,11 +242,13 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
         if os.environ.get("SLOTLAKE_FAILPOINT") == "decode_after_catalog":
             os._exit(137)
         changes = _silver_rows(decoded)
-        n = changes.count()
         (changes.write.format("delta").mode("append")
          .option("txnAppId", app_id(source)).option("txnVersion", end.value)
          .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(end), "stage": "decode"}}))
          .save(paths.changes))
+        n = _rows_written(paths.changes, end)
+        if n is None:  # a lake Spark alone can read: count again (one more pass over the decoded rows)
+            n = changes.count()
     finally:
         decoded.unpersist()
     secs = time.monotonic() - started
@@ -250,6 +258,16 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
              "(%.1fs, %.0f rows/s)", source, len(todo), n, added, ddl_events, end, secs, n / secs if secs else 0)
     return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=end, catalog_versions_added=added,
                         ddl_events=ddl_events, warnings=tuple(warnings))
+
+
+def _rows_written(changes_path: str, end: Lsn) -> int | None:
+    """The rows of silver's decode commit ending at `end` (its write metrics), from the log of a local lake."""
+    if not delta_log.readable(changes_path):
+        return None
+    last = delta_log.latest_slotlake_commit(changes_path, "decode")
+    if last is None or last.end_lsn != str(end) or "numOutputRows" not in last.metrics:
+        return None
+    return int(last.metrics["numOutputRows"])
 
 
 def files_for_range(files: list[BronzeFile], after: Lsn | None, upto: Lsn) -> list[BronzeFile]:

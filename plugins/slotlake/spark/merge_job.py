@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import (BooleanType, DataType, DateType, IntegerType, LongType, MapType, NumericType,
                                StringType, StructField, StructType, TimestampNTZType, TimestampType)
 
+from slotlake import delta_log
 from slotlake.catalog import CatalogVersion
 from slotlake.config import Config, SchemaChanges, SourceConfig
 from slotlake.decode.types import typed_value
@@ -132,6 +133,10 @@ def delta_state(spark: SparkSession, path: str) -> DeltaState:
     """Latest version and watermark (end LSN of the newest commit with slotlake userMetadata) of `path`."""
     from delta.tables import DeltaTable
 
+    if delta_log.readable(path):
+        local = _local_delta_state(path)
+        if local is not None:
+            return local
     if not DeltaTable.isDeltaTable(spark, path):
         return DeltaState(None, None)
     table = DeltaTable.forPath(spark, path)
@@ -147,6 +152,23 @@ def delta_state(spark: SparkSession, path: str) -> DeltaState:
         rows = history(None)
         newest = newest_watermark(rows)
     return DeltaState(max(v for v, _ in rows), newest[1] if newest else None, newest[0] if newest else None)
+
+
+def _local_delta_state(path: str) -> DeltaState | None:
+    """`delta_state` from the JSON commits of a local table, without a Spark job (each history() call is one or
+    more, several per table and run); None when the log holds no JSON commit (only a checkpoint): ask Spark."""
+    if not delta_log.is_delta_table(path):
+        return DeltaState(None, None)
+    version = None
+    for c in delta_log.commits(path):
+        if version is None:
+            version = c.version
+        if c.end_lsn is not None:
+            try:
+                return DeltaState(version, Lsn.parse(c.end_lsn), c.version)
+            except (ValueError, TypeError):
+                pass  # not a watermark (as `watermark_of` skips it)
+    return DeltaState(version, None, None) if version is not None else None
 
 
 def delta_watermark(spark: SparkSession, path: str) -> Lsn | None:
@@ -191,10 +213,11 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
     ensure_quarantine(spark, paths.quarantine)
     results: dict[tuple[str, str], TableMergeResult] = {}
     errors: list[str] = []
+    definitions = _table_definitions(spark, paths, end)
 
     def one(name: tuple[str, str]) -> TableMergeResult:
         gold = gold_path_for(*name) if gold_path_for else paths.gold(*name)
-        return _merge_table(spark.newSession(), src, paths, name[0], name[1], end, changes_path, gold)
+        return _merge_table(spark.newSession(), src, paths, name[0], name[1], end, changes_path, gold, definitions)
 
     # Tables merge concurrently (each in its own session: invariant 4), at most _MAX_PARALLEL_TABLES at a time so a
     # source with hundreds of tables does not hold hundreds of cached batches in the driver at once.
@@ -276,7 +299,7 @@ class _Truncate:
 
 
 def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, schema: str, table: str,
-                 end: Lsn, changes_path: str, gold: str) -> TableMergeResult:
+                 end: Lsn, changes_path: str, gold: str, definitions: _TableDefinitions) -> TableMergeResult:
     from delta.tables import DeltaTable
 
     name = str(TableName(schema, table))
@@ -297,17 +320,21 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     copied = _copy_snapshot(session, gold) if exists else None
     if copied is not None:
         batch = batch.where(not_seen_by_copy(copied))
-    stats = batch.agg(
+    # One pass over the batch: per column layout (NULL for TRUNCATE rows) its span and counts.
+    groups = batch.groupBy(F.when(F.col("op") != "T", _shape_col()).alias("shape")).agg(
         F.count(F.lit(1)).alias("n"),
+        F.min(_change_id()).alias("lo"), F.max(_change_id()).alias("hi"),
         F.max(F.when(F.col("op") == "T", F.struct("commit_lsn", "seq", "commit_ts"))).alias("trunc"),
         # plain inserts (no unchanged TOAST): when every change is one, the write may be an append (_append_rows)
         F.count(F.when((F.col("op") == "I") & (F.coalesce(F.size("unchanged"), F.lit(0)) <= 0), 1)).alias("plain"),
-    ).collect()[0]
-    n = int(stats["n"])
+    ).collect()
+    n = sum(int(g["n"]) for g in groups)
     if n == 0:
         return TableMergeResult(schema, table, 0, state.version)
-    trunc = _Truncate(*stats["trunc"]) if stats["trunc"] is not None else None
-    layouts = _layouts(batch)
+    truncs = [tuple(g["trunc"]) for g in groups if g["trunc"] is not None]
+    trunc = _Truncate(*max(truncs)) if truncs else None
+    stats = {"plain": sum(int(g["plain"]) for g in groups)}
+    layouts = _layouts(batch, [g for g in groups if g["shape"] is not None])
     evo: Evolution | None = None
     schema_changes: list[str] = []
     if not layouts:  # only TRUNCATE in the batch
@@ -318,7 +345,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         soft = DELETED_COL in existing.fieldNames()
     else:
         start = _gold_at_watermark(session, gold, state.marked_version) if exists else None
-        events, captured = _column_events(session, paths, schema, table, end)
+        events, captured = definitions.column_events(schema, table)
         evo = plan_evolution(name, start, [(lsn, shape) for (lsn, _), shape in layouts], events,
                              mark=int(mark) if mark is not None else -1, on_drop_column=src.on_drop_column,
                              ddl_capture=captured, unconstrained_numeric=numeric)
@@ -395,18 +422,24 @@ def _shape_of(schema: str, table: str, s) -> TableShape:
                       tuple(s["key_columns"] or ()), s["replica_identity"])
 
 
-def _layouts(batch: DataFrame) -> list[Layout]:
+def _shape_col() -> Column:
+    return F.struct("schema_name", "table_name", "columns", "type_oids", "typmods", "key_columns", "replica_identity")
+
+
+def _change_id() -> Column:
+    return F.struct("commit_lsn", "seq")
+
+
+def _layouts(batch: DataFrame, spans: list) -> list[Layout]:
     """The column layouts of the batch's row changes in commit order, each with the id of its first change.
 
+    `spans`: per layout of the row changes its (shape, lo, hi) change ids (the merge's one pass over the batch).
     Usually one. Several when the source's schema changed: one per switch, so a layout that comes back (a column
     added and dropped again) is a new entry. Only small summaries reach the driver.
     """
     rows = batch.where(F.col("op") != "T")
-    shape = F.struct("schema_name", "table_name", "columns", "type_oids", "typmods", "key_columns",
-                     "replica_identity").alias("shape")
-    cid = F.struct("commit_lsn", "seq")
-    spans = sorted(rows.groupBy(shape).agg(F.min(cid).alias("lo"), F.max(cid).alias("hi")).collect(),
-                   key=lambda r: tuple(r["lo"]))
+    shape = _shape_col().alias("shape")
+    spans = sorted(spans, key=lambda r: tuple(r["lo"]))
     if all(tuple(a["hi"]) < tuple(b["lo"]) for a, b in zip(spans, spans[1:])):
         return [((int(r["lo"][0]), int(r["lo"][1])), _shape_of(r["shape"]["schema_name"], r["shape"]["table_name"],
                                                               r["shape"])) for r in spans]
@@ -432,14 +465,28 @@ def _gold_at_watermark(session: SparkSession, gold: str, marked_version: int | N
     version = marked_version
     if version is None:
         version = min(r["version"] for r in DeltaTable.forPath(session, gold).history().select("version").collect())
-    fields = session.read.format("delta").option("versionAsOf", version).load(gold).schema.fields
+    local = delta_log.schema_at(gold, version) if delta_log.readable(gold) else None
+    if local is not None:  # the log's schema: no Spark job to resolve a time-travel snapshot
+        fields = StructType.fromJson(local).fields
+    else:
+        fields = session.read.format("delta").option("versionAsOf", version).load(gold).schema.fields
     return [(f.name, f.dataType) for f in fields if not f.name.startswith("_slotlake_")]
 
 
-def _column_events(session: SparkSession, paths: LakePaths, schema: str, table: str,
-                   end: Lsn) -> tuple[list[ColumnHistoryEvent], bool]:
-    """Renames and adds of the table from the bootstrap read and the DDL events up to `end`; and whether DDL
-    capture is in use (the `_ddl_log` holds events)."""
+@dataclass(frozen=True)
+class _TableDefinitions:
+    """The bootstrap read's and the DDL events' table definitions up to a run's end, read once per run (not per
+    table: each read of `_ddl_log` is several Spark jobs)."""
+
+    definitions: tuple[tuple[int, Any], ...]  # (commit LSN, TableDef)
+    captured: bool  # DDL capture in use: `_ddl_log` holds events
+
+    def column_events(self, schema: str, table: str) -> tuple[list[ColumnHistoryEvent], bool]:
+        """Renames and adds of the table, and whether DDL capture is in use."""
+        return column_events(list(self.definitions), schema, table), self.captured
+
+
+def _table_definitions(session: SparkSession, paths: LakePaths, end: Lsn) -> _TableDefinitions:
     from delta.tables import DeltaTable
 
     from slotlake.source.catalog_read import as_published, list_bootstrap
@@ -457,7 +504,7 @@ def _column_events(session: SparkSession, paths: LakePaths, schema: str, table: 
                 .orderBy("commit_lsn", "lsn").collect():
             definitions += [(int(r["commit_lsn"]), as_published(t, boots, int(r["commit_lsn"])))
                             for t in parse_ddl_event(r["event_json"].encode("utf-8")).tables]
-    return column_events(definitions, schema, table), captured
+    return _TableDefinitions(tuple(definitions), captured)
 
 
 def _unified_plan(name: str, evo: Evolution, shapes: list[TableShape], delete_mode: str,
@@ -503,7 +550,7 @@ def _evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, pl
 
     table = DeltaTable.forPath(session, gold)
     current = {f.name: f.dataType for f in table.toDF().schema.fields}
-    props = table.detail().select("properties").collect()[0][0] or {}
+    props = _LazyProperties(session, gold)  # read only when a schema change needs them (most runs have none)
     ref = f"delta.{_q(gold)}"
     done: list[str] = []
     renames = [(o, n) for o, n in evo.renames if o in current and n not in current]
@@ -567,6 +614,23 @@ def _evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, pl
     for line in done:
         log.info("%s: gold schema: %s", name, line)
     return done
+
+
+class _LazyProperties:
+    """A Delta table's properties, read on first use: from the log of a local table, else with Spark."""
+
+    def __init__(self, session: SparkSession, path: str) -> None:
+        self._session, self._path, self._props = session, path, None
+
+    def get(self, key: str) -> str | None:
+        if self._props is None:
+            local = delta_log.table_properties(self._path) if delta_log.readable(self._path) else None
+            if local is None:
+                from delta.tables import DeltaTable
+
+                local = DeltaTable.forPath(self._session, self._path).detail().select("properties").collect()[0][0]
+            self._props = dict(local or {})
+        return self._props.get(key)
 
 
 def _rewrite_gold(session: SparkSession, gold: str, renames: dict[str, str], widen: dict[str, DataType],
@@ -657,6 +721,10 @@ def _copy_snapshot(session: SparkSession, gold: str) -> CopySnapshot | None:
 def _last_commit(session: SparkSession, gold: str) -> tuple[int, dict[str, str]]:
     from delta.tables import DeltaTable
 
+    if delta_log.readable(gold):
+        newest = next(delta_log.commits(gold), None)
+        if newest is not None:
+            return newest.version, {k: str(v) for k, v in newest.metrics.items()}
     row = DeltaTable.forPath(session, gold).history(1).collect()[0]
     return int(row["version"]), dict(row["operationMetrics"] or {})
 

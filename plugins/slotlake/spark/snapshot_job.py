@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
+from slotlake import delta_log
 from slotlake.config import Config
 from slotlake.lake import LakePaths
 from slotlake.merge.plan import (COLUMN_MAPPING, COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, USER_METADATA,
@@ -57,6 +58,13 @@ def _property_doc(copy: TableCopy) -> dict:
 def _gold_property(spark: SparkSession, gold: str) -> dict | None:
     from delta.tables import DeltaTable
 
+    if delta_log.readable(gold):  # a local lake: read the log's metaData, no Spark job (one per table and run)
+        if not delta_log.is_delta_table(gold):
+            return None
+        local = delta_log.table_properties(gold)
+        if local is not None:
+            raw = local.get(SNAPSHOT_PROPERTY)
+            return json.loads(raw) if raw else None
     if not DeltaTable.isDeltaTable(spark, gold):
         return None
     props = DeltaTable.forPath(spark, gold).detail().select("properties").collect()[0][0] or {}
