@@ -164,6 +164,11 @@ def test_undo_script_restores_the_state_before_the_transaction(spark, pg_db, tmp
     result = undo(cfg, "src", commit_lsn=str(by_xid[bad].commit_lsn), spark=spark)
     script = result.script
     assert script.count("BEGIN;") == 1 and script.rstrip().endswith("COMMIT;")
+    # the key change is set back by one UPDATE; the update that left the TOASTed note alone does not write it
+    assert 'UPDATE "public"."acct" SET "id" = \'4\'::"int4" WHERE "id" = \'400\'::"int4";' in script
+    row_2 = [line for line in script.splitlines()
+             if line.startswith("UPDATE") and line.endswith("WHERE \"id\" = '2'::\"int4\";")]
+    assert row_2 == ['UPDATE "public"."acct" SET "balance" = \'22.00\'::"numeric" WHERE "id" = \'2\'::"int4";']
 
     # A row the script would set back was changed again: it aborts naming table and key, and changes nothing.
     _sql(pg_db, "UPDATE acct SET owner = 'changed later' WHERE id = 400")

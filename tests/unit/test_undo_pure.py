@@ -9,7 +9,7 @@ import pytest
 
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
-from slotlake.recover.transactions import summarize
+from slotlake.recover.transactions import TransactionList, summarize
 from slotlake.recover.undo import (Column, TableUndo, TransactionRef, key_moves, render_script, sql_literal, type_sql,
                                    value_text)
 
@@ -128,3 +128,17 @@ def test_key_change_is_set_back_by_one_update_when_the_keys_pair():
     assert "WHERE \"id\" = '4'::\"int4\") <> 0" in script  # the old key must still be free
     unpaired = render_script(REF, [dataclasses.replace(t, moved=())])
     assert 'DELETE FROM "public"."t" WHERE "id" = \'400\'::"int4";' in unpaired and "INSERT INTO" in unpaired
+
+
+def test_transaction_list_prints_one_line_per_transaction_and_table():
+    ts = datetime(2026, 1, 1, 9, 14)
+    rows = [{"commit_lsn": 100, "commit_end_lsn": 110, "commit_ts": ts, "xid": 8, "schema_name": "public",
+             "table_name": t, "op": op, "n": n} for t, op, n in (("a", "I", 3), ("orders", "D", 12))]
+    lines = TransactionList("src", Lsn(5), Lsn(500), True, summarize(rows)).lines()
+    assert lines == [
+        "transactions src: 1 commit(s) in [0/5, 0/1F4]",
+        "xid  commit_lsn  commit_end_lsn  commit_ts (UTC)             table          ins  upd  del  trunc",
+        "8    0/64        0/6E            2026-01-01 09:14:00.000000  public.a         3    0    0      0",
+        "                                                             public.orders    0    0   12      0"]
+    assert TransactionList("src", Lsn(5), Lsn(500), False, ()).lines() == [
+        "transactions src: 0 commit(s) in (0/5, 0/1F4]"]

@@ -37,7 +37,7 @@ from slotlake.config import Config
 from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths, table_dir
 from slotlake.lsn import Lsn
-from slotlake.names import TableName
+from slotlake.names import TableName, spark_ident
 
 log = logging.getLogger(__name__)
 
@@ -415,13 +415,16 @@ def _table_undo(spark, cfg: Config, ref: TransactionRef, touched: TableTouched, 
     names = list(touched.columns)
     missing = [c for c in names if c not in after.columns]
     if missing:
-        raise UndoError(f"{touched.table}: columns {', '.join(missing)} of the transaction's time are not in the lake's "
-                        "table (renamed or dropped since?); undo it by hand")
-    live = (lambda df: df.where(~F.col("_slotlake_deleted"))) if "_slotlake_deleted" in after.columns else (lambda df: df)
-    a = live(after).select(*[F.col(f"`{c}`") for c in names])
-    b = (live(spark.read.format("delta").option("versionAsOf", before_version).load(target))
-         .select(*[F.col(f"`{c}`") for c in names]) if before_version is not None
-         else spark.createDataFrame([], a.schema))
+        raise UndoError(f"{touched.table}: columns {', '.join(missing)} of the transaction's time are not in the "
+                        "lake's table; undo it by hand")
+    cols_of = [F.col(spark_ident(c)) for c in names]
+
+    def live(df):  # delete_mode soft keeps deleted rows, flagged
+        return df.where(~F.col("_slotlake_deleted")) if "_slotlake_deleted" in df.columns else df
+
+    a = live(after).select(*cols_of)
+    b = (live(spark.read.format("delta").option("versionAsOf", before_version).load(target)).select(*cols_of)
+         if before_version is not None else spark.createDataFrame([], a.schema))
     removed, added = b.exceptAll(a), a.exceptAll(b)
     removed_rows, added_rows = removed.toArrow().to_pylist(), added.toArrow().to_pylist()
     types = catalog_types(cfg, source, touched.rel_oid, ref.commit_lsn)
@@ -436,10 +439,10 @@ def _table_undo(spark, cfg: Config, ref: TransactionRef, touched: TableTouched, 
         distinct.setdefault(_row_key(undo, r), r)
     if not distinct:
         return undo
-    counts = a.groupBy(*[F.col(f"`{c}`") for c in names]).count()
+    counts = a.groupBy(*cols_of).count()
     wanted = spark.createDataFrame([tuple(r[c] for c in names) for r in distinct.values()], a.schema)
-    cond = [wanted[f"`{c}`"].eqNullSafe(counts[f"`{c}`"]) for c in names]
-    joined = wanted.join(counts, cond, "left").select(*[wanted[f"`{c}`"] for c in names], counts["count"])
+    cond = [wanted[spark_ident(c)].eqNullSafe(counts[spark_ident(c)]) for c in names]
+    joined = wanted.join(counts, cond, "left").select(*[wanted[spark_ident(c)] for c in names], counts["count"])
     got = {_row_key(undo, r): r["count"] or 0 for r in joined.toArrow().to_pylist()}
     return dataclasses.replace(undo, after_counts=tuple(got.get(k, 0) for k in distinct))
 
