@@ -4,6 +4,8 @@
     slotlake [--config FILE] status SOURCE    slot lag, retained WAL, wal_status, each gold table's applied LSN
     slotlake [--config FILE] resync SOURCE    after a lost slot: new slot, recopy every table, rebuild gold
     slotlake [--config FILE] replay SOURCE --from X --to Y [--table T ...] [--dest PATH]
+    slotlake [--config FILE] transactions SOURCE --from X --to Y [--table T ...] [--json]
+    slotlake [--config FILE] undo SOURCE --xid N | --commit-lsn L [--out FILE]
 
 Each command is a `Command` in COMMANDS: a name, a help line, a function adding its arguments, and a function
 that runs it. Exit 0 on success; on failure one line `slotlake: error: <message>` and exit 1 (a traceback
@@ -151,6 +153,41 @@ def run_replay(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _transactions_args(p: argparse.ArgumentParser) -> None:
+    _source_arg(p)
+    p.add_argument("--from", dest="from_", required=True, metavar="X", help="LSN (inclusive) or ISO time (UTC)")
+    p.add_argument("--to", required=True, metavar="Y", help="LSN (inclusive) or ISO time (UTC, exclusive)")
+    p.add_argument("--table", action="append", dest="tables", metavar="T", help="schema.table (repeatable; "
+                   "default: every table)")
+
+
+def run_transactions(cfg: Config, args: argparse.Namespace) -> int:
+    from slotlake.recover.transactions import list_transactions
+
+    found = list_transactions(cfg, args.source, args.from_, args.to, args.tables)
+    print(json.dumps(found.as_dict(), indent=2) if args.json else "\n".join(found.lines()))
+    return 0
+
+
+def _undo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="SOURCE", help="a source name from the config's `sources:`")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--xid", type=int, metavar="N", help="the transaction id (see `slotlake transactions`)")
+    which.add_argument("--commit-lsn", metavar="L", help="the transaction's commit LSN")
+    p.add_argument("--out", metavar="FILE", help="write the SQL to FILE (default: standard output)")
+
+
+def run_undo(cfg: Config, args: argparse.Namespace) -> int:
+    from slotlake.recover.undo import undo
+
+    result = undo(cfg, args.source, xid=args.xid, commit_lsn=args.commit_lsn, out=args.out)
+    if args.out:
+        print(result.summary())
+    else:
+        sys.stdout.write(result.script)
+    return 0
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("sync", "bring SOURCE's lake up to date (one run of the sync DAG)", _source_arg, run_sync),
     Command("resync", "start SOURCE over after a lost slot: new slot, recopy every table, rebuild gold",
@@ -158,6 +195,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("status", "show the slot's lag and each gold table's applied LSN", _source_arg, run_status),
     Command("replay", "re-decode SOURCE's archived changes from X to Y and rebuild tables (in place or --dest)",
             _replay_args, run_replay),
+    Command("transactions", "list SOURCE's commits from X to Y with rows inserted/updated/deleted per table",
+            _transactions_args, run_transactions),
+    Command("undo", "write the SQL that reverts one transaction of SOURCE (checked, in one transaction)",
+            _undo_args, run_undo),
 )
 
 
