@@ -251,3 +251,26 @@ def test_recover_to_delta_refuses_an_existing_table_without_replace(spark, lake,
     assert_gold_equals_pg(spark, f"{dest}/public/ev", lake.dsn, "recorded.ev_1")  # untouched
     _recover(spark, lake, str(lake.points[3][0]), dest, tables=["public.ev"], replace=True)
     assert_gold_equals_pg(spark, f"{dest}/public/ev", lake.dsn, "recorded.ev_3")
+
+
+@pytest.mark.airflow
+@pytest.mark.slow
+def test_recover_dag_through_airflow_dags_test(lake, tmp_path):
+    from slotlake.airflow.local import dags_test, local_airflow_env, migrate
+
+    env = local_airflow_env(tmp_path / "airflow", lake.config_path)
+    migrate(env)
+    dest = tmp_path / "dag_dest"
+    i = 3
+    conf = {"tables": TABLES, "as_of": lake.points[i][1].isoformat(), "target": "delta",
+            "destination": str(dest), "mode": "restore"}
+    with pytest.raises(SlotlakeError):  # the form's as_of pattern refuses anything but an LSN or ISO time
+        dags_test(env, "slotlake_recover__src", conf={**conf, "as_of": "yesterday"})
+    assert not dest.exists()
+    out = dags_test(env, "slotlake_recover__src", conf=conf)
+    assert f"recover src as of {lake.points[i][1].astimezone(timezone.utc).isoformat()}: commit LSN" in out
+    assert f"public.acct: 18 rows -> {dest}/public/acct" in out  # the result in the task log (and its XCom)
+    assert "Returned value was" in out or "'lsn':" in out or '"lsn"' in out
+    for t in TABLES:
+        schema, table = t.split(".")
+        assert_gold_equals_pg(None, str(dest / schema / table), lake.dsn, f"recorded.{table}_{i}")

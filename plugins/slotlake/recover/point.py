@@ -36,6 +36,10 @@ from slotlake.replay import Point, format_point, parse_point, parse_table
 log = logging.getLogger(__name__)
 
 DEFAULT_INTO_SCHEMA = "recovered"
+# What `--as-of` accepts, as a JSON-schema pattern (the DAG's form validates with it; `parse_point` decides).
+AS_OF_PATTERN = (r"^\s*([0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}|"
+                 r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}(:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?)?)?"
+                 r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)?)\s*$")
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
@@ -79,7 +83,7 @@ class RecoverRequest:
         return "postgres" if self.to_postgres is not None else "delta"
 
     def postgres_table(self, table: TableName) -> TableName:
-        return TableName(self.into_schema, table.table)
+        return TableName(self.into_schema, table.name)
 
     def args(self) -> list[str]:
         """The recover Spark app's arguments after `--config F --source S`."""
@@ -112,10 +116,10 @@ def request(source: str, as_of: str, tables: Sequence[str] | None, to: str, into
         raise ConfigError("--into-schema is empty; give a schema name (default: recovered)")
     by_name: dict[str, TableName] = {}
     for n in names:
-        if n.table in by_name:
-            raise ConfigError(f"{by_name[n.table]} and {n} would both become {TableName(schema, n.table)}; "
+        if n.name in by_name:
+            raise ConfigError(f"{by_name[n.name]} and {n} would both become {TableName(schema, n.name)}; "
                               "recover them in separate runs with different --into-schema")
-        by_name[n.table] = n
+        by_name[n.name] = n
     conninfo, password = split_password(dest)
     return RecoverRequest(source, point, names, to_postgres=conninfo, into_schema=schema, replace=replace), password
 
