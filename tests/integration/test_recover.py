@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import json
 import subprocess
-import sys
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -139,7 +138,7 @@ def test_recover_each_point_into_delta_equals_the_recorded_state(spark, lake, tm
         for t in TABLES:
             schema, table = t.split(".")
             n = assert_gold_equals_pg(spark, f"{dest}/{schema}/{table}", lake.dsn, f"recorded.{table}_{i}")
-            assert dict((r.table, r.rows) for r in result.tables)[t] == n
+            assert {r.table: r.rows for r in result.tables}[t] == n
     # the result as delta-rs reads it (every table under tmp_path is also checked by the autouse fixture)
     assert_gold_equals_pg(None, str(tmp_path / "lsn_3" / "public" / "acct"), lake.dsn, "recorded.acct_3",
                           reader="delta-rs")
@@ -267,10 +266,12 @@ def test_recover_dag_through_airflow_dags_test(lake, tmp_path):
     with pytest.raises(SlotlakeError):  # the form's as_of pattern refuses anything but an LSN or ISO time
         dags_test(env, "slotlake_recover__src", conf={**conf, "as_of": "yesterday"})
     assert not dest.exists()
+    with pytest.raises(SlotlakeError, match="mode undo_sql is not available yet"):
+        dags_test(env, "slotlake_recover__src", conf={**conf, "mode": "undo_sql", "xid": 1234})
     out = dags_test(env, "slotlake_recover__src", conf=conf)
     assert f"recover src as of {lake.points[i][1].astimezone(timezone.utc).isoformat()}: commit LSN" in out
     assert f"public.acct: 18 rows -> {dest}/public/acct" in out  # the result in the task log (and its XCom)
-    assert "Returned value was" in out or "'lsn':" in out or '"lsn"' in out
+    assert "Returned value was: {'source': 'src', 'as_of': " in out and "'rows': 18" in out  # the XCom
     for t in TABLES:
         schema, table = t.split(".")
         assert_gold_equals_pg(None, str(dest / schema / table), lake.dsn, f"recorded.{table}_{i}")

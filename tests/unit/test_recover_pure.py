@@ -109,3 +109,17 @@ def test_the_dag_form_pattern_accepts_exactly_what_the_cli_parses(text, ok):
     else:
         with pytest.raises(ConfigError):
             parse_point(text, "--as-of")
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"mode": "undo_sql", "xid": 5}, "mode undo_sql is not available yet"),
+    ({"target": "postgres", "destination": "/tmp/x"}, "target postgres needs a postgresql:// URL as destination"),
+    ({"target": "delta", "destination": "postgresql://u@h/d"}, "target delta needs a folder or URI as destination"),
+], ids=["undo_sql", "postgres-to-folder", "delta-to-url"])
+def test_dag_params_that_do_not_fit_together_are_refused_before_any_work(params, message):
+    from slotlake.airflow.recover_dag import recover_from_params
+    from slotlake.config import parse_config
+
+    cfg = parse_config({"lake": "/nonexistent", "sources": {"s": {"dsn": "postgresql://u@127.0.0.1:1/d"}}})
+    with pytest.raises(ConfigError, match=message):
+        recover_from_params(cfg, "s", {"tables": ["public.a"], "as_of": "0/1", **params})

@@ -13,7 +13,6 @@ task's XCom (`return_value`). The task submits the recover Spark app exactly as 
 """
 from __future__ import annotations
 
-import logging
 from typing import Any, Mapping
 
 from airflow.sdk import DAG, Param, task
@@ -21,8 +20,6 @@ from airflow.sdk import DAG, Param, task
 from slotlake.config import Config
 from slotlake.errors import ConfigError
 from slotlake.recover.point import AS_OF_PATTERN, DEFAULT_INTO_SCHEMA, is_postgres_url, recover
-
-log = logging.getLogger(__name__)
 
 
 def recover_from_params(cfg: Config, source_name: str, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -43,9 +40,7 @@ def recover_from_params(cfg: Config, source_name: str, params: Mapping[str, Any]
                           f" as destination; change target or destination")
     result = recover(cfg, source_name, str(params.get("as_of") or ""), list(params.get("tables") or []),
                      destination, (params.get("into_schema") or DEFAULT_INTO_SCHEMA) if target == "postgres" else None,
-                     bool(params.get("replace")))
-    for line in result.lines():
-        log.info("%s", line)
+                     bool(params.get("replace")))  # logs the result's lines
     return result.as_dict()
 
 
