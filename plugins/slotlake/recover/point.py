@@ -182,6 +182,9 @@ def recover(cfg: Config, source: str, as_of: str, tables: Sequence[str] | None, 
 
     req, password = request(source, as_of, tables, to, into_schema, replace)
     cfg.source(source)
+    if req.to_delta is not None and "://" not in req.to_delta:
+        # The Spark app (and an Airflow worker) may run elsewhere than the caller's directory.
+        req = dataclasses.replace(req, to_delta=os.path.abspath(req.to_delta))
     if req.to_postgres is not None and not req.replace:
         from slotlake.recover.to_postgres import refuse_existing
 
