@@ -266,8 +266,6 @@ def test_recover_dag_through_airflow_dags_test(lake, tmp_path):
     with pytest.raises(SlotlakeError):  # the form's as_of pattern refuses anything but an LSN or ISO time
         dags_test(env, "slotlake_recover__src", conf={**conf, "as_of": "yesterday"})
     assert not dest.exists()
-    with pytest.raises(SlotlakeError, match="mode undo_sql is not available yet"):
-        dags_test(env, "slotlake_recover__src", conf={**conf, "mode": "undo_sql", "xid": 1234})
     out = dags_test(env, "slotlake_recover__src", conf=conf)
     assert f"recover src as of {lake.points[i][1].astimezone(timezone.utc).isoformat()}: commit LSN" in out
     assert f"public.acct: 18 rows -> {dest}/public/acct" in out  # the result in the task log (and its XCom)
@@ -275,3 +273,19 @@ def test_recover_dag_through_airflow_dags_test(lake, tmp_path):
     for t in TABLES:
         schema, table = t.split(".")
         assert_gold_equals_pg(None, str(dest / schema / table), lake.dsn, f"recorded.{table}_{i}")
+
+    # mode undo_sql: `slotlake undo --xid N --out <destination>` for the last archived transaction
+    xid = (_spark_silver_last(lake))
+    script = tmp_path / "undo.sql"
+    out = dags_test(env, "slotlake_recover__src", conf={**conf, "mode": "undo_sql", "xid": xid,
+                                                         "destination": str(script)})
+    assert f"'mode': 'undo_sql', 'xid': {xid}" in out and f"'script': '{script}'" in out
+    assert script.read_text().strip()
+
+
+def _spark_silver_last(lake: Lake) -> int:
+    from slotlake.spark.session import get_spark
+
+    changes = LakePaths.of(lake.cfg.lake, "src").changes
+    return get_spark("slotlake-tests", "local[2]").read.format("delta").load(changes).orderBy(
+        "commit_lsn", ascending=False).first()["xid"]

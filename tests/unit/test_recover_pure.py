@@ -112,10 +112,11 @@ def test_the_dag_form_pattern_accepts_exactly_what_the_cli_parses(text, ok):
 
 
 @pytest.mark.parametrize("params, message", [
-    ({"mode": "undo_sql", "xid": 5}, "mode undo_sql is not available yet"),
+    ({"mode": "undo_sql", "destination": "/tmp/u.sql"}, "mode undo_sql needs xid"),
+    ({"mode": "undo_sql", "xid": 5, "destination": "postgresql://u@h/d"}, "mode undo_sql writes the SQL to a file"),
     ({"target": "postgres", "destination": "/tmp/x"}, "target postgres needs a postgresql:// URL as destination"),
     ({"target": "delta", "destination": "postgresql://u@h/d"}, "target delta needs a folder or URI as destination"),
-], ids=["undo_sql", "postgres-to-folder", "delta-to-url"])
+], ids=["undo_sql-no-xid", "undo_sql-to-url", "postgres-to-folder", "delta-to-url"])
 def test_dag_params_that_do_not_fit_together_are_refused_before_any_work(params, message):
     from slotlake.airflow.recover_dag import recover_from_params
     from slotlake.config import parse_config
@@ -123,3 +124,15 @@ def test_dag_params_that_do_not_fit_together_are_refused_before_any_work(params,
     cfg = parse_config({"lake": "/nonexistent", "sources": {"s": {"dsn": "postgresql://u@127.0.0.1:1/d"}}})
     with pytest.raises(ConfigError, match=message):
         recover_from_params(cfg, "s", {"tables": ["public.a"], "as_of": "0/1", **params})
+
+
+def test_undo_sql_without_the_undo_module_says_it_is_not_available(monkeypatch):
+    import sys
+
+    from slotlake.airflow.recover_dag import recover_from_params
+    from slotlake.config import parse_config
+
+    monkeypatch.setitem(sys.modules, "slotlake.recover.undo", None)  # a build without `slotlake undo`
+    cfg = parse_config({"lake": "/nonexistent", "sources": {"s": {"dsn": "postgresql://u@127.0.0.1:1/d"}}})
+    with pytest.raises(ConfigError, match="mode undo_sql is not available yet"):
+        recover_from_params(cfg, "s", {"mode": "undo_sql", "xid": 5, "destination": "/tmp/u.sql"})

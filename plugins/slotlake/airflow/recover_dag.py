@@ -6,9 +6,11 @@ A manual DAG (no schedule): trigger it with the typed form (Params) and one task
 - as_of: an LSN (`16/B374D848`) or an ISO time (UTC unless it carries a zone): the last commit at or before it;
 - target: `delta` (destination: a folder/URI; one Delta table per table at `<destination>/<schema>/<table>`) or
   `postgres` (destination: a postgresql:// URL; tables `<into_schema>.<table>`), `replace` to overwrite;
-- mode: `restore` (the above) or `undo_sql` with `xid` (the SQL that undoes one transaction).
+- mode: `restore` (the above) or `undo_sql` with `xid`: `slotlake undo --xid N --out <destination>` (the SQL that
+  undoes one transaction, written to the file `destination`).
 
-The result (resolved commit LSN and time, rows per table, where each was written) is in the task log and is the
+The result (resolved commit LSN and time, rows per table, where each was written; for undo_sql the transaction
+and the script's path) is in the task log and is the
 task's XCom (`return_value`). The task submits the recover Spark app exactly as the CLI does.
 """
 from __future__ import annotations
@@ -28,7 +30,7 @@ def recover_from_params(cfg: Config, source_name: str, params: Mapping[str, Any]
     Raises ConfigError with the fix when the Params do not fit together."""
     mode = params.get("mode") or "restore"
     if mode == "undo_sql":
-        raise ConfigError("mode undo_sql is not available yet in this version (no `slotlake undo`); use mode restore")
+        return undo_from_params(cfg, source_name, params)
     if mode != "restore":
         raise ConfigError(f"mode {mode!r} must be restore or undo_sql")
     target = params.get("target") or "delta"
@@ -42,6 +44,27 @@ def recover_from_params(cfg: Config, source_name: str, params: Mapping[str, Any]
                      destination, (params.get("into_schema") or DEFAULT_INTO_SCHEMA) if target == "postgres" else None,
                      bool(params.get("replace")))  # logs the result's lines
     return result.as_dict()
+
+
+def undo_from_params(cfg: Config, source_name: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """mode undo_sql: `slotlake undo SOURCE --xid N --out <destination>`; returns where the script is and what it
+    undoes."""
+    xid = params.get("xid")
+    destination = (params.get("destination") or "").strip()
+    if not xid:
+        raise ConfigError("mode undo_sql needs xid: the transaction to undo (see `slotlake transactions`)")
+    if not destination or is_postgres_url(destination):
+        raise ConfigError("mode undo_sql writes the SQL to a file: give its path as destination")
+    try:
+        from slotlake.recover.undo import undo
+    except ImportError:
+        raise ConfigError("mode undo_sql is not available yet in this version (no `slotlake undo`); use mode "
+                          "restore") from None
+    result = undo(cfg, source_name, xid=int(xid), out=destination)
+    ref = result.transaction
+    return {"source": source_name, "mode": "undo_sql", "xid": ref.xid, "commit_lsn": str(ref.commit_lsn),
+            "commit_ts": ref.commit_ts.isoformat(), "script": destination, "summary": result.summary(),
+            "tables": [str(t.table) for t in result.tables]}
 
 
 def build_recover_dag(cfg: Config, source_name: str) -> DAG:
