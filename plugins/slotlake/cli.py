@@ -6,6 +6,8 @@
     slotlake [--config FILE] replay SOURCE --from X --to Y [--table T ...] [--dest PATH]
     slotlake [--config FILE] transactions SOURCE --from X --to Y [--table T ...] [--json]
     slotlake [--config FILE] undo SOURCE --xid N | --commit-lsn L [--out FILE]
+    slotlake [--config FILE] recover SOURCE --as-of POINT --table T [--table T ...] --to DEST [--into-schema S]
+                                                                                              [--replace]
 
 Each command is a `Command` in COMMANDS: a name, a help line, a function adding its arguments, and a function
 that runs it. Exit 0 on success; on failure one line `slotlake: error: <message>` and exit 1 (a traceback
@@ -188,6 +190,27 @@ def run_undo(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _recover_args(p: argparse.ArgumentParser) -> None:
+    _source_arg(p)
+    p.add_argument("--as-of", dest="as_of", required=True, metavar="POINT",
+                   help="LSN (16/B374D848) or ISO time (UTC unless zoned): the last commit at or before it")
+    p.add_argument("--table", action="append", dest="tables", required=True, metavar="T",
+                   help="schema.table (repeatable); all are recovered at the same commit LSN")
+    p.add_argument("--to", required=True, metavar="DEST",
+                   help="a folder/URI (Delta tables DEST/<schema>/<table>) or a postgresql:// URL")
+    p.add_argument("--into-schema", metavar="S", help="with a postgresql:// DEST: the schema to create the tables "
+                   "in (default: recovered)")
+    p.add_argument("--replace", action="store_true", help="overwrite target tables that already exist")
+
+
+def run_recover(cfg: Config, args: argparse.Namespace) -> int:
+    from slotlake.recover.point import recover
+
+    result = recover(cfg, args.source, args.as_of, args.tables, args.to, args.into_schema, args.replace)
+    print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.lines()))
+    return 0
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("sync", "bring SOURCE's lake up to date (one run of the sync DAG)", _source_arg, run_sync),
     Command("resync", "start SOURCE over after a lost slot: new slot, recopy every table, rebuild gold",
@@ -199,6 +222,8 @@ COMMANDS: tuple[Command, ...] = (
             _transactions_args, run_transactions),
     Command("undo", "write the SQL that reverts one transaction of SOURCE (checked, in one transaction)",
             _undo_args, run_undo),
+    Command("recover", "SOURCE's tables as of one commit LSN or time, into Delta tables or a PostgreSQL database",
+            _recover_args, run_recover),
 )
 
 

@@ -124,7 +124,8 @@ def test_plain_makes_lsns_text_and_tuples_lists():
 def test_cli_parser_knows_every_command_and_requires_a_source():
     parser = build_parser()
     required = {"replay": ["--from", "0/1", "--to", "0/2"],  # a command's own required options
-                "transactions": ["--from", "0/1", "--to", "0/2"], "undo": ["--xid", "1"]}
+                "transactions": ["--from", "0/1", "--to", "0/2"], "undo": ["--xid", "1"],
+                "recover": ["--as-of", "0/1", "--table", "a.b", "--to", "/tmp/r"]}
     for c in COMMANDS:
         args = parser.parse_args(["--config", "c.yaml", c.name, "shop", *required.get(c.name, [])])
         assert args.run is c.run and args.source == "shop" and args.config == "c.yaml"

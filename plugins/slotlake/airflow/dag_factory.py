@@ -21,6 +21,7 @@ from airflow.sdk import DAG, CronDataIntervalTimetable, TriggerRule, task
 from airflow.sdk.exceptions import AirflowSkipException
 
 from slotlake import pipeline
+from slotlake.airflow.recover_dag import build_recover_dag
 from slotlake.airflow.replay_dag import build_replay_dag
 from slotlake.config import Config, SourceConfig
 from slotlake.pending import PendingWork
@@ -187,6 +188,6 @@ def build_dags(cfg: Config) -> dict[str, DAG]:
     """Every DAG for every configured source, by dag_id."""
     dags: dict[str, DAG] = {}
     for name in cfg.sources:
-        for dag in (build_sync_dag(cfg, name), build_replay_dag(cfg, name)):
+        for dag in (build_sync_dag(cfg, name), build_replay_dag(cfg, name), build_recover_dag(cfg, name)):
             dags[dag.dag_id] = dag
     return dags

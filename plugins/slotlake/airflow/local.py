@@ -2,12 +2,13 @@
 dags/ and plugins/, no examples. Production runs use a real Airflow deployment (see docker/)."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from slotlake.errors import SlotlakeError
 from slotlake.spark.session import REPO_ROOT
@@ -50,12 +51,15 @@ def migrate(env: Mapping[str, str]) -> None:
     run_airflow(env, "db", "migrate")
 
 
-def dags_test(env: Mapping[str, str], dag_id: str, logical_date: str | None = None) -> str:
-    """Run one DAG run in-process with `airflow dags test` and return its output; raise if the run failed.
+def dags_test(env: Mapping[str, str], dag_id: str, logical_date: str | None = None,
+              conf: Mapping[str, Any] | None = None) -> str:
+    """Run one DAG run in-process with `airflow dags test` (with `conf`: the run's Params) and return its output;
+    raise if the run failed.
 
     The full output is also kept in $AIRFLOW_HOME/dags-test-<dag_id>.log for reading after a failure.
     """
-    args = ["dags", "test", dag_id, *([logical_date] if logical_date else [])]
+    args = ["dags", "test", dag_id, *([logical_date] if logical_date else []),
+            *(["--conf", json.dumps(dict(conf))] if conf is not None else [])]
     proc = run_airflow(env, *args, check=False)
     out = proc.stdout + proc.stderr
     log_file = Path(env["AIRFLOW_HOME"]) / f"dags-test-{dag_id}.log"

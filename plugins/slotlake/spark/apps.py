@@ -9,6 +9,7 @@ exit code 1 (`slotlake.spark.submit.failure_line` picks that line out of the app
     sync      decode then merge in ONE Spark application (the CLI's `slotlake sync`: one JVM start, not two)
     snapshot  complete initial copies in bronze/snapshot -> gold     (slotlake.spark.snapshot_job.load_snapshots)
     replay    re-decode an archived range and rebuild tables         (slotlake.spark.replay_job.run_replay)
+    recover   tables as of one commit LSN into Delta or PostgreSQL   (slotlake.spark.recover_job.run_recover)
 """
 from __future__ import annotations
 
@@ -86,12 +87,43 @@ def _replay(spark, cfg, args) -> list[str]:
         f"(gold version {t.base_version}) -> {t.target}" for t in result.tables]
 
 
+def _recover_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--as-of", dest="as_of", required=True, help="LSN or ISO time (UTC unless zoned)")
+    _tables_arg(parser)
+    to = parser.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-delta", help="write <path>/<schema>/<table> Delta tables")
+    to.add_argument("--to-postgres", help="libpq conninfo WITHOUT the password (PGPASSWORD carries it)")
+    parser.add_argument("--into-schema", default=None)
+    parser.add_argument("--replace", action="store_true")
+    parser.add_argument("--result", default="", help="also write the result as JSON to this file")
+
+
+def _recover(spark, cfg, args) -> list[str]:
+    import json
+
+    from slotlake.names import TableName
+    from slotlake.recover.point import DEFAULT_INTO_SCHEMA, RecoverRequest
+    from slotlake.replay import parse_point
+    from slotlake.spark.recover_job import run_recover
+
+    req = RecoverRequest(source=args.source, as_of=parse_point(args.as_of, "--as-of"),
+                         tables=TableName.parse_list(args.tables), to_delta=args.to_delta,
+                         to_postgres=args.to_postgres, into_schema=args.into_schema or DEFAULT_INTO_SCHEMA,
+                         replace=args.replace)
+    result = run_recover(spark, cfg, req)
+    if args.result:
+        with open(args.result, "w") as f:
+            json.dump(result.as_dict(), f)
+    return result.lines()
+
+
 APPS: dict[str, AppSpec] = {
     "decode": AppSpec("decode bronze -> silver/changes + _catalog", _no_args, _decode),
     "merge": AppSpec("silver/changes -> gold, by replica identity", _tables_arg, _merge),
     "sync": AppSpec("decode bronze -> silver, then merge silver -> gold, in one Spark application", _no_args, _sync),
     "snapshot": AppSpec("bronze/snapshot copies -> gold", _tables_arg, _snapshot),
     "replay": AppSpec("re-decode an archived range and rebuild tables", _replay_args, _replay),
+    "recover": AppSpec("tables as of one commit LSN into Delta or PostgreSQL", _recover_args, _recover),
 }
 
 

@@ -26,7 +26,7 @@ from slotlake.spark.session import REPO_ROOT, spark_conf
 
 log = logging.getLogger(__name__)
 
-Stage = Literal["decode", "merge", "sync", "snapshot", "replay"]  # spark_apps/<stage>.py (slotlake.spark.apps)
+Stage = Literal["decode", "merge", "sync", "snapshot", "replay", "recover"]  # spark_apps/<stage>.py (slotlake.spark.apps)
 APPS_DIR = REPO_ROOT / "spark_apps"
 PACKAGE_DIR = REPO_ROOT / "plugins" / "slotlake"
 _TAIL_LINES = 40

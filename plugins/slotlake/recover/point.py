@@ -1,0 +1,206 @@
+"""The recover request: what to recover, as of which point, to where (parsing and checks are pure; `recover` runs it).
+
+    slotlake recover SOURCE --as-of POINT --table T [--table T ...] --to DEST [--into-schema S] [--replace]
+
+- POINT is an LSN (`16/B374D848`) or an ISO time (UTC unless it carries a zone). Both resolve to one commit LSN:
+  the greatest commit LSN in silver that is <= the LSN, or whose commit time is <= the time (the last commit at or
+  before it). Every selected table is recovered at that same commit LSN: a consistent multi-table view.
+- DEST a path or URI: one Delta table per table at `DEST/<schema>/<table>` (names encoded as in `slotlake.lake`).
+- DEST `postgresql://...`: tables `<into-schema>.<table>` created with the columns and types of the table at the
+  point (from `_catalog`) and its key, filled with COPY. The password never reaches a command line or a log: it
+  is taken out of the URL here and handed to the Spark app as PGPASSWORD in its environment.
+- An existing target table is never overwritten unless `replace`.
+
+The work runs in the Spark app `spark_apps/recover.py` (`slotlake.spark.recover_job.run_recover`), which starts
+from the nearest gold version at or before the point and applies only the archived changes after it (the replay
+machinery, `slotlake.spark.replay_job`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Sequence
+
+from slotlake.catalog import CatalogVersion
+from slotlake.config import Config
+from slotlake.errors import ConfigError, SlotlakeError
+from slotlake.lsn import Lsn
+from slotlake.names import TableName
+from slotlake.replay import Point, format_point, parse_point, parse_table
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INTO_SCHEMA = "recovered"
+# What `--as-of` accepts, as a JSON-schema pattern (the DAG's form validates with it; `parse_point` decides).
+AS_OF_PATTERN = (r"^\s*([0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}|"
+                 r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}(:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?)?)?"
+                 r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)?)\s*$")
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+class RecoverError(SlotlakeError):
+    """A recovery cannot run as asked (point not covered, target exists, unknown table, ...)."""
+
+
+def is_postgres_url(dest: str) -> bool:
+    return dest.strip().lower().startswith(_POSTGRES_SCHEMES)
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """`postgresql://u:pw@h/db?...` -> (libpq conninfo without the password, the password or None). Pure.
+
+    The error never repeats the URL: it may hold the password."""
+    from psycopg import ProgrammingError
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        params = conninfo_to_dict(url.strip())
+    except ProgrammingError:
+        raise ConfigError("--to is not a valid PostgreSQL URL; expected postgresql://user@host:port/dbname") from None
+    password = params.pop("password", None)
+    return make_conninfo(**{k: str(v) for k, v in params.items()}), (str(password) if password is not None else None)
+
+
+@dataclass(frozen=True)
+class RecoverRequest:
+    """What to recover, as the CLI, the DAG and the Spark app pass it around (never holds a password)."""
+
+    source: str
+    as_of: Point
+    tables: tuple[TableName, ...]
+    to_delta: str | None = None  # DEST path/URI
+    to_postgres: str | None = None  # libpq conninfo, password removed
+    into_schema: str = DEFAULT_INTO_SCHEMA
+    replace: bool = False
+
+    @property
+    def target(self) -> str:
+        return "postgres" if self.to_postgres is not None else "delta"
+
+    def postgres_table(self, table: TableName) -> TableName:
+        return TableName(self.into_schema, table.name)
+
+    def args(self) -> list[str]:
+        """The recover Spark app's arguments after `--config F --source S`."""
+        out = ["--as-of", format_point(self.as_of), "--tables", ",".join(str(t) for t in self.tables)]
+        if self.to_postgres is not None:
+            out += ["--to-postgres", self.to_postgres, "--into-schema", self.into_schema]
+        else:
+            out += ["--to-delta", str(self.to_delta)]
+        return out + (["--replace"] if self.replace else [])
+
+
+def request(source: str, as_of: str, tables: Sequence[str] | None, to: str, into_schema: str | None = None,
+            replace: bool = False) -> tuple[RecoverRequest, str | None]:
+    """Parse and check the user's arguments (no I/O): (request, the target's password or None).
+
+    Raises ConfigError naming the option and the fix."""
+    point = parse_point(as_of, "--as-of")
+    if not tables:
+        raise ConfigError("recover needs at least one --table schema.table")
+    names = tuple(dict.fromkeys(parse_table(t) for t in tables))
+    dest = (to or "").strip()
+    if not dest:
+        raise ConfigError("--to is required: a folder/URI for Delta tables, or a postgresql:// URL")
+    if not is_postgres_url(dest):
+        if into_schema:
+            raise ConfigError("--into-schema applies only to a postgresql:// --to; drop it for a Delta destination")
+        return RecoverRequest(source, point, names, to_delta=dest, replace=replace), None
+    schema = (into_schema or DEFAULT_INTO_SCHEMA).strip()
+    if not schema:
+        raise ConfigError("--into-schema is empty; give a schema name (default: recovered)")
+    by_name: dict[str, TableName] = {}
+    for n in names:
+        if n.name in by_name:
+            raise ConfigError(f"{by_name[n.name]} and {n} would both become {TableName(schema, n.name)}; "
+                              "recover them in separate runs with different --into-schema")
+        by_name[n.name] = n
+    conninfo, password = split_password(dest)
+    return RecoverRequest(source, point, names, to_postgres=conninfo, into_schema=schema, replace=replace), password
+
+
+def version_at(versions: Iterable[CatalogVersion], table: TableName, lsn: Lsn) -> CatalogVersion | None:
+    """The catalog version of `table` (by name) valid at commit LSN `lsn`; before its first version, the first one
+    (the bootstrap read starts at the slot's consistent point, just after the initial copy's watermark). Pure."""
+    mine = sorted((v for v in versions if (v.schema_name, v.table_name) == tuple(table)),
+                  key=lambda v: (v.valid_from_lsn, v.version))
+    at = [v for v in mine if v.valid_from_lsn <= lsn.value and (v.valid_to_lsn is None or lsn.value < v.valid_to_lsn)]
+    if at:
+        return at[-1]
+    earlier = [v for v in mine if v.valid_from_lsn <= lsn.value]
+    if earlier:
+        return None  # dropped (or renamed away) before the point
+    return mine[0] if mine else None
+
+
+@dataclass(frozen=True)
+class RecoveredTable:
+    table: str  # schema.table in the source
+    rows: int
+    written_to: str  # the Delta path, or schema.table in the target database
+
+
+@dataclass(frozen=True)
+class RecoverResult:
+    source: str
+    as_of: str  # as asked
+    lsn: Lsn  # the resolved commit LSN
+    commit_ts: datetime | None  # its commit time (None: before the first decoded commit)
+    target: str  # delta | postgres
+    tables: tuple[RecoveredTable, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "as_of": self.as_of, "lsn": str(self.lsn),
+                "commit_ts": self.commit_ts.isoformat() if self.commit_ts else None, "target": self.target,
+                "tables": [dataclasses.asdict(t) for t in self.tables]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RecoverResult:
+        return cls(source=d["source"], as_of=d["as_of"], lsn=Lsn.parse(d["lsn"]),
+                   commit_ts=datetime.fromisoformat(d["commit_ts"]) if d["commit_ts"] else None,
+                   target=d["target"], tables=tuple(RecoveredTable(**t) for t in d["tables"]))
+
+    def lines(self) -> list[str]:
+        when = (self.commit_ts.isoformat() if self.commit_ts
+                else "none (before the first decoded commit: the initial copy's state)")
+        return ([f"recover {self.source} as of {self.as_of}: commit LSN {self.lsn}, commit time {when}"]
+                + [f"  {t.table}: {t.rows} rows -> {t.written_to}" for t in self.tables])
+
+
+def recover(cfg: Config, source: str, as_of: str, tables: Sequence[str] | None, to: str,
+            into_schema: str | None = None, replace: bool = False) -> RecoverResult:
+    """Run the recover Spark app (spark-submit, as every slotlake stage); raises SlotlakeError on failure.
+
+    Reads the lake only, so it takes no run lock and runs alongside syncs. An existing PostgreSQL target table is
+    refused here, before any Spark work, unless `replace`."""
+    from slotlake.spark.submit import run_spark_app, spark_app
+
+    req, password = request(source, as_of, tables, to, into_schema, replace)
+    cfg.source(source)
+    if req.to_delta is not None and "://" not in req.to_delta:
+        # The Spark app (and an Airflow worker) may run elsewhere than the caller's directory.
+        req = dataclasses.replace(req, to_delta=os.path.abspath(req.to_delta))
+    if req.to_postgres is not None and not req.replace:
+        from slotlake.recover.to_postgres import refuse_existing
+
+        refuse_existing(req.to_postgres, password, [req.postgres_table(t) for t in req.tables])
+    app = spark_app(cfg, source, "recover")  # spark_apps/recover.py
+    fd, result_path = tempfile.mkstemp(prefix="slotlake-recover-", suffix=".json")
+    os.close(fd)
+    env = dict(app.env)
+    if password is not None:
+        env["PGPASSWORD"] = password  # libpq reads it; never on the command line
+    try:
+        run_spark_app(dataclasses.replace(app, args=(*app.args, *req.args(), "--result", result_path), env=env))
+        with open(result_path) as f:
+            result = RecoverResult.from_dict(json.load(f))
+    finally:
+        os.unlink(result_path)
+    for line in result.lines():
+        log.info("%s", line)
+    return result
