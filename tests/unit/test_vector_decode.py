@@ -167,6 +167,18 @@ def test_same_table_as_the_row_decoder_for_any_batch_size(bronze, sizes):
         assert decoder.rows_by_reference < len(bronze) / 20
 
 
+def test_large_binary_input_takes_the_fast_path_too(bronze):
+    """Spark sends large_binary/large_string with spark.sql.execution.arrow.useLargeVarTypes."""
+    decoder = BatchDecoder()
+    batch = bronze_batch(bronze)
+    large = batch.cast(pa.schema([("lsn", pa.int64()), ("xid", pa.int64()), ("data", pa.large_binary()),
+                                  ("ord", pa.int64()), ("file", pa.large_string())]))
+    got = pa.Table.from_batches(list(decoder.feed(large)), schema=decoded_schema())
+    decoder.finish()
+    assert got.equals(by_reference(bronze))
+    assert decoder.rows_by_reference < len(bronze) / 20
+
+
 def test_same_table_for_random_batch_sizes(bronze):
     rnd = random.Random(9)
     want = by_reference(bronze)

@@ -47,6 +47,8 @@ _FAST_TYPES[[_B, _C, _I, _U, _D]] = True
 _OPS = pa.array(["I", "U", "D"])
 _OLD_KINDS = pa.array(["K", "O"])
 _KINDS = pa.array([KIND_CHANGE, KIND_COMMIT])
+# Spark sends `data` as binary, or large_binary with spark.sql.execution.arrow.useLargeVarTypes.
+_OFFSET_TYPES = {pa.binary(): np.int32, pa.large_binary(): np.int64}
 
 
 class _Odd(Exception):
@@ -114,10 +116,12 @@ class _Tuples:
             return pa.array([], pa.string())
         # Value k is element 2k of a binary array laid over the frames' buffer (odd elements: the bytes in
         # between); one take copies the values out. Positions only grow, as Arrow offsets must.
-        bounds = np.empty(2 * total, dtype=np.int32)
+        small = data.size < 2**31
+        bounds = np.empty(2 * total, dtype=np.int32 if small else np.int64)
         bounds[0::2] = self.start
         bounds[1::2] = self.start + self.length
-        laid = pa.Array.from_buffers(pa.binary(), 2 * total - 1, [None, pa.py_buffer(bounds), data])
+        laid = pa.Array.from_buffers(pa.binary() if small else pa.large_binary(), 2 * total - 1,
+                                     [None, pa.py_buffer(bounds), data])
         taken = laid.take(pa.array(np.arange(0, 2 * total, 2, dtype=np.int32)))
         try:
             text = taken.cast(pa.string())
@@ -157,12 +161,13 @@ class BatchDecoder:
         if not n:
             return
         data = batch.column("data")
-        if data.null_count or data.type != pa.binary():
+        width = _OFFSET_TYPES.get(data.type)
+        if data.null_count or width is None:
             yield from self._by_row(batch, 0, n)  # not what bronze holds: the reference decides
             return
         buffer = data.buffers()[2] or pa.py_buffer(b"")
         values = np.frombuffer(buffer, dtype=np.uint8)
-        offsets = np.frombuffer(data.buffers()[1], dtype=np.int32)[data.offset:data.offset + n + 1].astype(np.int64)
+        offsets = np.frombuffer(data.buffers()[1], dtype=width)[data.offset:data.offset + n + 1].astype(np.int64)
         starts, ends = offsets[:-1], offsets[1:]
         types = np.zeros(n, dtype=np.uint8)
         nonempty = ends > starts
