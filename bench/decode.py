@@ -30,15 +30,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "plugins"))
 sys.path.insert(0, str(ROOT / "tests"))
 
-import pyarrow as pa  # noqa: E402
-import pyarrow.compute as pc  # noqa: E402
-
-from pgframes import Capture  # noqa: E402
-from slotlake.decode.decoded import KIND_CHANGE, decoded_schema, row_of, rows_to_batch  # noqa: E402
-from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder  # noqa: E402
-from slotlake.localpg import LocalPostgres, pg_bindir  # noqa: E402
-from slotlake.lsn import Lsn  # noqa: E402
-from slotlake.spark.decode_job import decode_partition  # noqa: E402
+import pyarrow as pa
+import pyarrow.compute as pc
+from pgframes import Capture
+from slotlake.decode.decoded import KIND_CHANGE, decoded_schema, row_of, rows_to_batch
+from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder
+from slotlake.localpg import LocalPostgres, pg_bindir
+from slotlake.lsn import Lsn
+from slotlake.spark.decode_job import decode_partition
 
 IN_BATCH_ROWS = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch
 OUT_BATCH_ROWS = 8192

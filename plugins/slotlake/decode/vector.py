@@ -20,6 +20,7 @@ unchanged TOAST in an old tuple, invalid UTF-8, a change before its Relation, a 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import pairwise
 
 import numpy as np
 import pyarrow as pa
@@ -177,14 +178,12 @@ class BatchDecoder:
         if n > 1:
             slow[1:] |= pc.not_equal(files.slice(1), files.slice(0, n - 1)).to_numpy(zero_copy_only=False)
         slow[0] |= files[0].as_py() != self._rows._file  # the first row of a file resets the relations
-        cuts = np.flatnonzero(slow)
-        at = 0
-        for cut in [*cuts.tolist(), n]:
-            if cut > at:
-                yield from self._run(batch, values, buffer, starts, ends, types, at, cut)
-            if cut < n:
-                yield from self._by_row(batch, cut, cut + 1)
-            at = cut + 1
+        bounds = [0, *(np.flatnonzero(slow[1:] != slow[:-1]) + 1).tolist(), n]
+        for a, b in pairwise(bounds):  # alternating runs of slow and fast rows
+            if slow[a]:
+                yield from self._by_row(batch, a, b)
+            else:
+                yield from self._run(batch, values, buffer, starts, ends, types, a, b)
         self._last = self._bronze_rows(batch, n - 1, n)[0]
 
     def finish(self) -> None:
