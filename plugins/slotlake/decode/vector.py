@@ -265,17 +265,16 @@ class BatchDecoder:
         txn_o = txn[out_rows]
         i64 = pa.int64()
 
-        def spread(x_values: np.ndarray, c_values: np.ndarray | None, dtype=np.int64) -> np.ndarray:
+        def spread(x_values: np.ndarray, dtype=np.int64) -> np.ndarray:
+            """Per-change values on the output rows (0 on the commit rows)."""
             full = np.zeros(k, dtype=dtype)
             full[xo] = x_values
-            if c_values is not None:
-                full[co] = c_values
             return full
 
         lsn = batch.column("lsn").slice(a, b - a).to_numpy(zero_copy_only=False)
         commit_end = np.zeros(k, dtype=np.int64)
         commit_end[co] = c_end
-        rel_at = pa.array(spread(changes["rel"], None), mask=co)
+        rel_at = pa.array(spread(changes["rel"]), mask=co)
         rels = changes["rels"]
         cols = {
             "kind": _KINDS.take(pa.array(co.astype(np.int8))),
@@ -285,20 +284,20 @@ class BatchDecoder:
             "xid": pa.array(b_xid[txn_o], i64),
             "seq": pa.array(seq_all[out_rows].astype(np.int32), pa.int32(), mask=co),
             "lsn": pa.array(lsn[out_rows], i64, mask=co),
-            "rel_oid": pa.array(spread(changes["oid"], None), i64, mask=co),
+            "rel_oid": pa.array(spread(changes["oid"]), i64, mask=co),
             "schema_name": rels["schema_name"].take(rel_at),
             "table_name": rels["table_name"].take(rel_at),
-            "op": _OPS.take(pa.array(spread(changes["op"], None), mask=co)),
+            "op": _OPS.take(pa.array(spread(changes["op"]), mask=co)),
             "replica_identity": rels["replica_identity"].take(rel_at),
             "columns": rels["columns"].take(rel_at),
             "key_columns": rels["key_columns"].take(rel_at),
             "type_oids": rels["type_oids"].take(rel_at),
             "typmods": rels["typmods"].take(rel_at),
-            "old_kind": _OLD_KINDS.take(pa.array(spread(changes["old_kind"], None),
-                                                 mask=~spread(changes["has_old"], None, bool))),
-            "old": _lists(changes["old"], spread(changes["old_n"], None), spread(changes["has_old"], None, bool)),
-            "new": _lists(changes["new"], spread(changes["new_n"], None), spread(changes["has_new"], None, bool)),
-            "unchanged": _lists(changes["unchanged"], spread(changes["unchanged_n"], None), xo),
+            "old_kind": _OLD_KINDS.take(pa.array(spread(changes["old_kind"]),
+                                                 mask=~spread(changes["has_old"], bool))),
+            "old": _lists(changes["old"], spread(changes["old_n"]), spread(changes["has_old"], bool)),
+            "new": _lists(changes["new"], spread(changes["new_n"]), spread(changes["has_new"], bool)),
+            "unchanged": _lists(changes["unchanged"], spread(changes["unchanged_n"]), xo),
             "truncate_options": pa.nulls(k, pa.int32()),
             "bronze_file": pa.array([state._file], pa.string()).take(pa.array(np.zeros(k, dtype=np.int8))),
             "content": pa.nulls(k, pa.binary()),
