@@ -135,6 +135,7 @@ class ChangeStreamDecoder:
     """
 
     def __init__(self) -> None:
+        # decode/vector.py's BatchDecoder reads this state and sets _begin/_seq after the runs it decodes itself.
         self._file: str | None = None
         self._relations: dict[int, Relation] = {}
         self._begin: Begin | None = None

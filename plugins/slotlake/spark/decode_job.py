@@ -1,6 +1,6 @@
 """The decode job: new bronze files -> `silver/changes` (one Delta commit) and `_catalog` (docs/internals.md).
 
-    bronze/*.parquet ──repartition by file, sort by ord──▶ mapInArrow(ChangeStreamDecoder) ──▶ decoded rows
+    bronze/*.parquet ──repartition by file, sort by ord──▶ mapInArrow(BatchDecoder) ──▶ decoded rows
         decoded rows: kind=change ──join commit end LSN (kind=commit)──▶ silver/changes (append, idempotent)
                       kind=relation/type/ddl ──collect (small)──▶ catalog versioning ──▶ _catalog (rewrite, idempotent)
                       kind=ddl ──▶ _ddl_log (append, idempotent)
@@ -31,16 +31,15 @@ from slotlake.catalog import (
     write_catalog,
 )
 from slotlake.config import Config
-from slotlake.decode.frames import (
-    BronzeRow,
-    ChangeStreamDecoder,
-    SeenCommit,
-    SeenDdl,
-    SeenRelation,
-    SeenType,
-    SilverChange,
+from slotlake.decode.decoded import (
+    KIND_CHANGE,
+    KIND_COMMIT,
+    KIND_DDL,
+    KIND_RELATION,
+    KIND_TYPE,
 )
 from slotlake.decode.messages import Column, Relation, ReplicaIdentity
+from slotlake.decode.vector import BatchDecoder
 from slotlake.errors import DecodeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
@@ -55,12 +54,8 @@ SILVER_DDL = (
     "new array<string>, unchanged array<int>, truncate_options int, bronze_file string"
 )
 SILVER_COLUMNS = [c.split()[0] for c in SILVER_DDL.split(", ")]
-# The mapInArrow output: silver's columns plus `kind`. Commit rows carry their end LSN in commit_end_lsn;
-# relation rows reuse the column-description columns; type rows put the type's oid/schema/name in
-# rel_oid/schema_name/table_name.
-# DDL event rows carry the message content in `content`.
+# The mapInArrow output (`decode.decoded.decoded_schema()`, which says what each kind of row carries).
 DECODED_DDL = "kind string, " + SILVER_DDL + ", content binary"
-KIND_CHANGE, KIND_COMMIT, KIND_RELATION, KIND_TYPE, KIND_DDL = "change", "commit", "relation", "type", "ddl"
 _OUT_BATCH_ROWS = 8192  # rows per Arrow batch leaving the decoder: bounds executor memory
 
 
@@ -78,72 +73,14 @@ def app_id(source: str) -> str:
     return f"slotlake-decode-{source}"
 
 
-def _arrow_schema():
-    import pyarrow as pa
-
-    s, i32, i64 = pa.string(), pa.int32(), pa.int64()
-    return pa.schema([
-        ("kind", s), ("commit_lsn", i64), ("commit_end_lsn", i64), ("commit_ts", pa.timestamp("us", tz="UTC")),
-        ("xid", i64), ("seq", i32), ("lsn", i64), ("rel_oid", i64), ("schema_name", s), ("table_name", s),
-        ("op", s), ("replica_identity", s), ("columns", pa.list_(s)), ("key_columns", pa.list_(s)),
-        ("type_oids", pa.list_(i32)), ("typmods", pa.list_(i32)), ("old_kind", s), ("old", pa.list_(s)),
-        ("new", pa.list_(s)), ("unchanged", pa.list_(i32)), ("truncate_options", i32), ("bronze_file", s),
-        ("content", pa.binary()),
-    ])
-
-
-def _row_of(item) -> tuple:
-    """One decoded row, in `_arrow_schema()` order."""
-    if isinstance(item, SilverChange):
-        return (KIND_CHANGE, item.commit_lsn, None, item.commit_ts_us, item.xid, item.seq, item.lsn, item.rel_oid,
-                item.schema_name, item.table_name, item.op, item.replica_identity, item.columns, item.key_columns,
-                item.type_oids, item.typmods, item.old_kind, item.old, item.new, item.unchanged,
-                item.truncate_options, item.bronze_file, None)
-    if isinstance(item, SeenCommit):
-        return (KIND_COMMIT, item.commit_lsn, item.end_lsn, None, item.xid, None, None, None, None, None, None,
-                None, None, None, None, None, None, None, None, None, None, item.bronze_file, None)
-    if isinstance(item, SeenRelation):
-        r = item.relation
-        return (KIND_RELATION, item.commit_lsn, None, None, None, None, item.lsn, r.oid, r.schema, r.name, None,
-                r.replica_identity.value, [c.name for c in r.columns], [c.name for c in r.columns if c.is_key],
-                [c.type_oid for c in r.columns], [c.typmod for c in r.columns], None, None, None, None, None,
-                item.bronze_file, None)
-    if isinstance(item, SeenType):
-        t = item.type
-        return (KIND_TYPE, item.commit_lsn, None, None, None, None, None, t.oid, t.schema, t.name, None, None,
-                None, None, None, None, None, None, None, None, None, item.bronze_file, None)
-    if isinstance(item, SeenDdl):
-        return (KIND_DDL, item.commit_lsn, None, item.commit_ts_us, item.xid, None, item.lsn, None, None, None, None, None,
-                None, None, None, None, None, None, None, None, None, item.bronze_file, item.content)
-    raise DecodeError(f"unexpected stream item {item!r}")  # pragma: no cover
-
-
 def decode_partition(batches: Iterator) -> Iterator:
     """mapInArrow function: bronze rows sorted by (file, ord) in, decoded rows out, in bounded batches."""
-    import pyarrow as pa
-
-    schema = _arrow_schema()
-    decoder = ChangeStreamDecoder()
-    out: list[tuple] = []
-    last = None
-
-    def flush():
-        cols = list(zip(*out))
-        return pa.RecordBatch.from_arrays([pa.array(list(c), type=f.type) for c, f in zip(cols, schema)],
-                                          schema=schema)
-
+    decoder = BatchDecoder()
     for batch in batches:
-        d = batch.to_pydict()
-        for lsn, xid, data, ord_, file in zip(d["lsn"], d["xid"], d["data"], d["ord"], d["file"]):
-            last = BronzeRow(lsn, xid, data, ord_, file)
-            for item in decoder.feed(last):
-                out.append(_row_of(item))
-                if len(out) >= _OUT_BATCH_ROWS:
-                    yield flush()
-                    out = []
-    decoder.finish(last)
-    if out:
-        yield flush()
+        for out in decoder.feed(batch):
+            for at in range(0, out.num_rows, _OUT_BATCH_ROWS):
+                yield out.slice(at, _OUT_BATCH_ROWS)
+    decoder.finish()
 
 
 def decode_watermark(spark, changes_path: str, source: str) -> Lsn | None:
