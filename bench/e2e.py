@@ -206,6 +206,8 @@ def main() -> None:
               f"{mb / raw['seconds']:>7.2f}   COPY of peek_binary_changes, same slot, read into nothing")
         print(f"extract peak RSS: {ext['max_rss_mb']:.0f} MB")
         for name, runs in fixed.items():
+            if not runs:  # --repeat 0
+                continue
             print(f"{name}: median {statistics.median(runs):.1f} s (" + ", ".join(f"{x:.1f}" for x in runs) + ")")
         print("load average (1/5/15 min): start " + "/".join(f"{x:.1f}" for x in load_start)
               + ", end " + "/".join(f"{x:.1f}" for x in load_end) + f" on {os.cpu_count()} CPUs", flush=True)
