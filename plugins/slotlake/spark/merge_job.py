@@ -36,8 +36,7 @@ from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import (COLUMN_MAPPING, COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, TXN_APP_ID, TXN_VERSION,
                                  USER_METADATA, KeyStrategy, TablePlan, TableShape, merge_commit_conf,
-                                 needs_column_mapping, newest_watermark, plan_table, schema_mismatch, stage_metadata,
-                                 watermark_of)
+                                 needs_column_mapping, newest_watermark, plan_table, schema_mismatch, stage_metadata)
 from slotlake.merge.evolution import ColumnHistoryEvent, Evolution, column_events, plan_evolution
 from slotlake.merge.visibility import CopySnapshot, not_seen_by_copy
 from slotlake.names import TableName
@@ -807,7 +806,7 @@ def _meta_cols() -> list[Column]:
 def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -> DataFrame:
     """One row per key touched: its final state (`__action` U with `__v*`) or its removal (`__action` D)."""
     shape = plan.shape
-    ncols = len(shape.columns)
+    len(shape.columns)
     keys = plan.key_positions
     cid = F.struct("commit_lsn", "seq")
     # Old key: from the old tuple when there is one (key changed, or a delete), else the key did not change.
