@@ -806,7 +806,6 @@ def _meta_cols() -> list[Column]:
 def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -> DataFrame:
     """One row per key touched: its final state (`__action` U with `__v*`) or its removal (`__action` D)."""
     shape = plan.shape
-    len(shape.columns)
     keys = plan.key_positions
     cid = F.struct("commit_lsn", "seq")
     # Old key: from the old tuple when there is one (key changed, or a delete), else the key did not change.
