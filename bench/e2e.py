@@ -44,6 +44,8 @@ from slotlake.config import load_config  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake.localpg import LocalPostgres, pg_bindir  # noqa: E402
 
+from extract import baseline  # noqa: E402  (bench/extract.py: the raw pull of slotlake_bench)
+
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
 CHANGES_PER_TXN = 4  # tpcb-like: UPDATE accounts, tellers, branches; INSERT history
 
@@ -67,21 +69,6 @@ def _child_extract(lake: str, dsn: str, out: mp.Queue) -> None:
     extracted = task_extract(cfg, "bench")
     out.put({"seconds": time.perf_counter() - t0, "rows": extracted.get("rows"), "bytes": extracted.get("bytes"),
              "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
-
-
-def raw_pull(dsn: str) -> dict:
-    """The baseline: the same slot's pending changes through `COPY (SELECT ... peek_binary_changes ...) TO STDOUT`,
-    read into nothing (what any tool pays to get the bytes out of PostgreSQL)."""
-    with psycopg.connect(dsn, autocommit=True) as c:
-        t0 = time.perf_counter()
-        nbytes = 0
-        with c.cursor().copy(
-                "COPY (SELECT lsn, xid, data FROM pg_logical_slot_peek_binary_changes('slotlake_bench', "
-                "pg_current_wal_flush_lsn(), NULL, 'proto_version', '1', 'publication_names', 'slotlake_bench', "
-                "'messages', 'true')) TO STDOUT") as copy:
-            for block in copy:
-                nbytes += len(block)
-        return {"seconds": time.perf_counter() - t0, "copy_bytes": nbytes}
 
 
 def preflight_and_extract(lake: str, dsn: str) -> dict:
@@ -183,7 +170,7 @@ def main() -> None:
             if delta_log.is_delta_table(paths.changes) else -1
 
         stages = {}
-        raw = raw_pull(dsn)
+        raw = baseline(dsn)  # the same slot and publication names as bench/extract.py's baseline
         ext = preflight_and_extract(lake, dsn)
         stages["preflight + extract"] = ext["seconds"]
         t = time.perf_counter()
