@@ -332,7 +332,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         return TableMergeResult(schema, table, 0, state.version)
     truncs = [tuple(g["trunc"]) for g in groups if g["trunc"] is not None]
     trunc = _Truncate(*max(truncs)) if truncs else None
-    stats = {"plain": sum(int(g["plain"]) for g in groups)}
+    plain = sum(int(g["plain"]) for g in groups)  # plain inserts of the batch
     layouts = _layouts(batch, [g for g in groups if g["shape"] is not None])
     evo: Evolution | None = None
     schema_changes: list[str] = []
@@ -379,7 +379,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         if plan is not None and evo is not None:
             typed = _typed_layouts(after, plan, evo, layouts, numeric).persist(StorageLevel.MEMORY_AND_DISK)
             quarantined = quarantine_bad_values(session, src, paths, plan, typed, end)
-            if trunc is None and (int(stats["plain"]) == n or plan.strategy is KeyStrategy.INSERT_ONLY):
+            if trunc is None and (plain == n or plan.strategy is KeyStrategy.INSERT_ONLY):
                 append_df = _append_rows(session, plan, typed, gold)
             if append_df is not None:
                 if plan.strategy is KeyStrategy.INSERT_ONLY:
