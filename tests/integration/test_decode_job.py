@@ -193,3 +193,47 @@ def test_undecodable_bronze_fails_with_one_clear_error_and_writes_nothing(spark,
         assert not Path(paths.changes).exists()
     finally:
         cap.close()
+
+
+def test_rows_left_without_commit_end_get_it_from_the_join(spark, pg_db):
+    """The decode task leaves `commit_end_lsn` NULL on the rows of a transaction too big to hold
+    (decode/commit_ends.py); `_silver_rows` joins those, and only those, with their Commit row."""
+    import pyarrow as pa
+
+    from slotlake.decode.commit_ends import CommitEnds
+    from slotlake.decode.decoded import KIND_CHANGE, KIND_COMMIT
+    from slotlake.decode.frames import BronzeRow
+    from slotlake.decode.vector import BatchDecoder
+    from slotlake.spark.decode_job import DECODED_DDL, _silver_rows
+
+    cap = Capture(pg_db)
+    try:
+        cap.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
+        cap.transaction("INSERT INTO t SELECT g, 'a' FROM generate_series(1, 40) g")  # big: 42 rows
+        for i in range(5):
+            cap.transaction(f"UPDATE t SET v = 'b{i}' WHERE id = {i + 1}")  # small: 3 rows each
+        cap.transaction("DELETE FROM t WHERE id > 30")
+        frames = cap.peek()
+    finally:
+        cap.close()
+    rows = [BronzeRow(Lsn.parse(f.lsn).value, f.xid, f.data, i, "0.parquet") for i, f in enumerate(frames)]
+    decoder, filler, out = BatchDecoder(), CommitEnds(max_held_rows=20), []
+    for at in range(0, len(rows), 8):
+        part = rows[at:at + 8]
+        batch = pa.RecordBatch.from_pydict({
+            "lsn": [r.lsn for r in part], "xid": [r.xid for r in part], "data": pa.array([r.data for r in part]),
+            "ord": [r.ord for r in part], "file": [r.file for r in part]})
+        for d in decoder.feed(batch):
+            out += filler.feed(d)
+    decoder.finish()
+    out += filler.finish()
+    decoded_rows = pa.Table.from_batches(out).to_pylist()
+    ends = {r["commit_lsn"]: r["commit_end_lsn"] for r in decoded_rows if r["kind"] == KIND_COMMIT}
+    changes = [r for r in decoded_rows if r["kind"] == KIND_CHANGE]
+    assert sum(r["commit_end_lsn"] is None for r in changes) == 40  # the big insert was let through unfilled
+    assert sum(r["commit_end_lsn"] is not None for r in changes) == 15
+
+    decoded = spark.createDataFrame(decoded_rows, DECODED_DDL)
+    got = {(r.commit_lsn, r.seq): r.commit_end_lsn for r in _silver_rows(decoded).collect()}
+    assert got == {(r["commit_lsn"], r["seq"]): ends[r["commit_lsn"]] for r in changes}
+    assert len(got) == 55 and None not in got.values()

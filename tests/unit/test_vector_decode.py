@@ -11,6 +11,7 @@ import uuid
 import pyarrow as pa
 import pytest
 from pgframes import Capture, Frame
+from slotlake.decode.commit_ends import CommitEnds, InFileOrder
 from slotlake.decode.decoded import (
     KIND_CHANGE,
     KIND_COMMIT,
@@ -24,6 +25,7 @@ from slotlake.decode.decoded import (
 from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder
 from slotlake.decode.pgoutput import decode_message
 from slotlake.decode.vector import BatchDecoder
+from slotlake.errors import DecodeError
 from slotlake.lsn import Lsn
 
 BIG = "x" * 100_000  # stored out of line (STORAGE EXTERNAL): an update not touching it sends 'u'
@@ -295,3 +297,69 @@ def test_file_change_inside_a_transaction_and_relations_per_file():
     want = outcome(lambda: by_reference(rows))
     assert want[0] == "DecodeError" and "file a ended inside transaction 7" in want[1]
     assert outcome(lambda: by_batches(rows, [100])) == outcome(lambda: by_batches(rows, [1])) == want
+
+
+# ---- commit end LSNs filled in the decode task (decode/commit_ends.py) ----------------------------------------
+
+def _joined_ends(table: pa.Table) -> list:
+    """What the join of every row with its transaction's Commit row (by commit LSN) gives: the reference."""
+    rows = table.to_pylist()
+    ends = {r["commit_lsn"]: r["commit_end_lsn"] for r in rows if r["kind"] == KIND_COMMIT}
+    return [r["commit_end_lsn"] if r["kind"] == KIND_COMMIT else ends.get(r["commit_lsn"]) for r in rows]
+
+
+def _through_commit_ends(table: pa.Table, sizes: list[int], max_held: int) -> pa.Table:
+    filler, out, at, k = CommitEnds(max_held), [], 0, 0
+    batches = table.to_batches()
+    whole = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+    while at < whole.num_rows:
+        size = sizes[k % len(sizes)]
+        out += filler.feed(whole.slice(at, size))
+        at, k = at + size, k + 1
+    out += filler.finish()
+    return pa.Table.from_batches(out, schema=decoded_schema())
+
+
+@pytest.mark.parametrize("sizes", [[1], [5], [100_000], [3, 1, 64, 5, 250, 2]], ids=["1", "5", "all", "mixed"])
+def test_commit_ends_filled_as_the_join_would(bronze, sizes):
+    decoded = by_reference(bronze)
+    want = _joined_ends(decoded)
+    assert decoded.column("commit_end_lsn").null_count > 500  # the decoders leave it to the filler
+    got = _through_commit_ends(decoded, sizes, max_held=1_000_000)
+    assert got.drop_columns(["commit_end_lsn"]).equals(decoded.drop_columns(["commit_end_lsn"]))  # same rows, order
+    assert got.column("commit_end_lsn").to_pylist() == want
+    assert sum(e is not None for e in want) > 500
+
+
+@pytest.mark.parametrize("max_held", [1, 10, 50])
+def test_commit_ends_of_transactions_too_big_to_hold_stay_null(bronze, max_held):
+    """Rows of a transaction with more rows than the limit go out unfilled (the job joins those); every other
+    row is filled, and no row ever gets another transaction's end."""
+    decoded = by_reference(bronze)
+    want = _joined_ends(decoded)
+    got = _through_commit_ends(decoded, [7, 300, 1], max_held=max_held)
+    assert got.drop_columns(["commit_end_lsn"]).equals(decoded.drop_columns(["commit_end_lsn"]))
+    ends = got.column("commit_end_lsn").to_pylist()
+    sizes: dict[int, int] = {}
+    for r in decoded.to_pylist():
+        sizes[r["commit_lsn"]] = sizes.get(r["commit_lsn"], 0) + 1
+    rows = decoded.to_pylist()
+    for r, e, w in zip(rows, ends, want):
+        assert e in (w, None)
+        if e is None and w is not None:
+            assert sizes[r["commit_lsn"]] > max_held, r  # only a big transaction's rows are left
+    assert any(e is None and w is not None for e, w in zip(ends, want))  # the limit was hit
+    assert any(e is not None and r["kind"] != KIND_COMMIT for r, e in zip(rows, ends))
+
+
+def test_in_file_order_accepts_each_file_in_order_and_refuses_a_swap(bronze):
+    order = InFileOrder()
+    for at in range(0, len(bronze), 97):
+        order.check(bronze_batch(bronze[at:at + 97]))  # files in sequence, batches cut anywhere: fine
+    rows = list(bronze)
+    i = next(k for k in range(1, len(rows)) if rows[k].file == rows[k - 1].file)
+    rows[i - 1], rows[i] = rows[i], rows[i - 1]
+    with pytest.raises(DecodeError, match=rf"row ord {rows[i].ord} came after ord {rows[i - 1].ord}"):
+        fresh = InFileOrder()
+        for at in range(0, len(rows), 50):
+            fresh.check(bronze_batch(rows[at:at + 50]))

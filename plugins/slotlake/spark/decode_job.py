@@ -1,7 +1,7 @@
 """The decode job: new bronze files -> `silver/changes` (one Delta commit) and `_catalog` (docs/internals.md).
 
-    bronze/*.parquet ──repartition by file, sort by ord──▶ mapInArrow(BatchDecoder) ──▶ decoded rows
-        decoded rows: kind=change ──join commit end LSN (kind=commit)──▶ silver/changes (append, idempotent)
+    bronze/*.parquet ──one partition per file, in row order──▶ mapInArrow(BatchDecoder, CommitEnds) ──▶ decoded rows
+        decoded rows (cached): kind=change ──▶ silver/changes (append, idempotent)
                       kind=relation/type/ddl ──collect (small)──▶ catalog versioning ──▶ _catalog (rewrite, idempotent)
                       kind=ddl ──▶ _ddl_log (append, idempotent)
     bronze/catalog/*.json (bootstrap read at slot creation) ──▶ catalog versioning
@@ -31,6 +31,7 @@ from slotlake.catalog import (
     write_catalog,
 )
 from slotlake.config import Config
+from slotlake.decode.commit_ends import CommitEnds, InFileOrder
 from slotlake.decode.decoded import (
     KIND_CHANGE,
     KIND_COMMIT,
@@ -74,13 +75,18 @@ def app_id(source: str) -> str:
 
 
 def decode_partition(batches: Iterator) -> Iterator:
-    """mapInArrow function: bronze rows sorted by (file, ord) in, decoded rows out, in bounded batches."""
-    decoder = BatchDecoder()
+    """mapInArrow function: bronze rows of whole files, each file in `ord` order, in; decoded rows out, in bounded
+    batches, each row with its transaction's commit end LSN (`CommitEnds`)."""
+    order, decoder, ends = InFileOrder(), BatchDecoder(), CommitEnds()
     for batch in batches:
+        order.check(batch)
         for out in decoder.feed(batch):
-            for at in range(0, out.num_rows, _OUT_BATCH_ROWS):
-                yield out.slice(at, _OUT_BATCH_ROWS)
+            for filled in ends.feed(out):
+                for at in range(0, filled.num_rows, _OUT_BATCH_ROWS):
+                    yield filled.slice(at, _OUT_BATCH_ROWS)
     decoder.finish()
+    for rest in ends.finish():
+        yield rest
 
 
 def decode_watermark(spark, changes_path: str, source: str) -> Lsn | None:
@@ -115,17 +121,32 @@ def pending_files(files: list[BronzeFile], watermark: Lsn | None) -> list[Bronze
     return [f for f in files if watermark is None or f.end_lsn > watermark]
 
 
+# Each bronze file is one read partition, read whole and in row order: no file splitting, no packing of files.
+_WHOLE_FILES = {"spark.sql.files.maxPartitionBytes": str(1 << 62), "spark.sql.files.openCostInBytes": str(1 << 62)}
+
+
 def _decode_files(spark, files: list[BronzeFile]):
-    """The decoded rows of `files` (persisted: the caller unpersists). Each file in `ord` order by one task."""
+    """The decoded rows of `files`, computed once (persisted and counted: the caller unpersists).
+
+    A bronze file is the rows of one peek call, whole transactions (docs/internals.md "Bronze"), so each file is
+    read as one partition in its row order and decoded by one task (files in parallel): no shuffle, no sort.
+    `InFileOrder` checks the order in the task.
+    """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    bronze = (spark.read.schema("lsn long, xid long, data binary, ord long").parquet(*[f.path for f in files])
+    session = spark.newSession()
+    for k, v in _WHOLE_FILES.items():
+        session.conf.set(k, v)
+    bronze = (session.read.schema("lsn long, xid long, data binary, ord long").parquet(*[f.path for f in files])
               .select("lsn", "xid", "data", "ord", F.col("_metadata.file_name").alias("file")))
-    parts = max(1, min(len(files), spark.sparkContext.defaultParallelism * 4))
-    return (bronze.repartition(parts, "file").sortWithinPartitions("file", "ord")
-            .mapInArrow(decode_partition, DECODED_DDL)
-            .persist(StorageLevel.MEMORY_AND_DISK))
+    decoded = bronze.mapInArrow(decode_partition, DECODED_DDL).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        _executor_errors(decoded.count)  # one pass fills the cache: the later queries read it, none decodes again
+    except BaseException:
+        decoded.unpersist()
+        raise
+    return decoded
 
 
 def _commit_ends(decoded):
@@ -134,12 +155,24 @@ def _commit_ends(decoded):
     return decoded.filter(F.col("kind") == KIND_COMMIT).select("commit_lsn", F.col("commit_end_lsn").alias("_end"))
 
 
-def _silver_rows(decoded):
-    """The change rows in silver's columns, `commit_end_lsn` joined from their transaction's Commit."""
+def _with_commit_ends(decoded, rows):
+    """`rows` (of `decoded`) with `commit_end_lsn` set. The decode task set it (`CommitEnds`) except on the rows of
+    transactions too big to hold: only those, if any, are joined with the commits."""
     from pyspark.sql import functions as F
 
-    return (decoded.filter(F.col("kind") == KIND_CHANGE).join(_commit_ends(decoded), "commit_lsn", "left")
-            .withColumn("commit_end_lsn", F.col("_end")).select(*SILVER_COLUMNS))
+    open_ = F.col("commit_end_lsn").isNull()
+    if rows.where(open_).isEmpty():
+        return rows
+    joined = (rows.where(open_).join(_commit_ends(decoded), "commit_lsn", "left")
+              .withColumn("commit_end_lsn", F.col("_end")).drop("_end"))
+    return rows.where(~open_).unionByName(joined)
+
+
+def _silver_rows(decoded):
+    """The change rows in silver's columns, with their transaction's commit end LSN."""
+    from pyspark.sql import functions as F
+
+    return _with_commit_ends(decoded, decoded.filter(F.col("kind") == KIND_CHANGE)).select(*SILVER_COLUMNS)
 
 
 def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
@@ -168,9 +201,8 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
     started = time.monotonic()
     decoded = _decode_files(spark, todo)
     try:
-        meta_rows = _executor_errors(lambda: (
-            decoded.filter(F.col("kind").isin(KIND_RELATION, KIND_TYPE, KIND_DDL))
-            .join(_commit_ends(decoded), "commit_lsn", "left").collect()))
+        meta_rows = _executor_errors(lambda: _with_commit_ends(
+            decoded, decoded.filter(F.col("kind").isin(KIND_RELATION, KIND_TYPE, KIND_DDL))).collect())
         added, warnings = _update_catalog(spark, paths.catalog, meta_rows, [b for b in boots if b.lsn <= end],
                                           source=source, end_lsn=end)
         ddl_events = write_ddl_log(spark, ddl_log_path(paths), [r for r in meta_rows if r["kind"] == KIND_DDL],
@@ -343,7 +375,7 @@ def write_ddl_log(spark, path: str, rows: list, *, source: str, end_lsn: Lsn) ->
     for r in sorted(rows, key=lambda r: (r["commit_lsn"], r["lsn"])):
         content = bytes(r["content"])
         event = parse_ddl_event(content)
-        out.append((r["commit_lsn"], r["_end"], r["commit_ts"], r["xid"], r["lsn"], event.event, event.command_tag,
+        out.append((r["commit_lsn"], r["commit_end_lsn"], r["commit_ts"], r["xid"], r["lsn"], event.event, event.command_tag,
                     event.query, event.query_truncated, event.object_identity,
                     [t.qualified_name for t in event.tables], [f"{d.schema}.{d.name}" for d in event.dropped],
                     content.decode("utf-8"), r["bronze_file"]))
