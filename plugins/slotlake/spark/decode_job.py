@@ -175,6 +175,47 @@ def _silver_rows(decoded):
     return _with_commit_ends(decoded, decoded.filter(F.col("kind") == KIND_CHANGE)).select(*SILVER_COLUMNS)
 
 
+_ROWS_PER_FILE = 1_000_000  # silver rows per Parquet file of one table (a bigger batch of a table: more files)
+
+
+def _by_table(changes):
+    """`changes` laid out for the merge: each silver file holds the changes of one table (a big batch of a table:
+    several files), so the merge of a table reads only its own files (Delta skips the others by their schema and
+    table name statistics), not every change of the run. One small aggregate sizes the layout, no sampling."""
+    from pyspark.sql import functions as F
+
+    session = changes.sparkSession
+    per_table = sorted((r["schema_name"], r["table_name"], int(r["count"]))
+                       for r in changes.groupBy("schema_name", "table_name").count().collect())
+    layout, total = [], 0
+    for schema, table, n in per_table:
+        k = -(-n // _ROWS_PER_FILE)
+        layout.append((schema, table, total, k))
+        total += k
+    if total <= 1:
+        return changes.repartition(1)
+    seeds = _partition_seeds(session, total)
+    slots = session.createDataFrame(layout, "schema_name string, table_name string, __first int, __parts int")
+    part = F.col("__first") + F.pmod(F.hash("commit_lsn", "seq"), F.col("__parts"))
+    return (changes.join(F.broadcast(slots), ["schema_name", "table_name"])
+            .withColumn("__seed", F.element_at(F.array(*[F.lit(v).cast("long") for v in seeds]), part + 1))
+            .repartition(total, "__seed").select(*SILVER_COLUMNS))
+
+
+def _partition_seeds(session, n: int) -> list[int]:
+    """seeds[p]: a long that hash partitioning into `n` partitions (`repartition(n, col)`: Murmur3 hash, pmod)
+    sends to partition p, so a computed partition number is where the row goes, without collisions."""
+    from pyspark.sql import functions as F
+
+    span = 64 * n
+    while True:
+        found = {int(r["p"]): int(r["seed"]) for r in session.range(0, span)
+                 .groupBy(F.pmod(F.hash("id"), F.lit(n)).alias("p")).agg(F.min("id").alias("seed")).collect()}
+        if len(found) == n:
+            return [found[p] for p in range(n)]
+        span *= 4
+
+
 def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
     """Decode every bronze file past silver's watermark into silver/changes, `_catalog` and `_ddl_log`.
 
@@ -210,7 +251,7 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
         # Test-only failpoint: the process dies after the catalog and DDL log commits, before the silver commit.
         if os.environ.get("SLOTLAKE_FAILPOINT") == "decode_after_catalog":
             os._exit(137)
-        changes = _silver_rows(decoded)
+        changes = _by_table(_silver_rows(decoded))
         (changes.write.format("delta").mode("append")
          .option("txnAppId", app_id(source)).option("txnVersion", end.value)
          .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(end), "stage": "decode"}}))
@@ -268,7 +309,7 @@ def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, 
         cond = F.col("commit_lsn") <= int(upto)
         if after is not None:
             cond = cond & (F.col("commit_end_lsn") > int(after))  # `after` is an end position (see merge_job)
-        changes = _silver_rows(decoded).where(cond)
+        changes = _by_table(_silver_rows(decoded).where(cond))
     else:
         decoded, changes = None, spark.createDataFrame([], SILVER_DDL)
     try:
