@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Iterable, Mapping
 
 from slotlake.decode.messages import Relation
+from slotlake import delta_log
 from slotlake.lsn import Lsn
 
 if TYPE_CHECKING:
@@ -198,13 +199,22 @@ CATALOG_DDL = (
 
 
 def read_catalog(spark, path: str) -> list[CatalogVersion]:
-    """All versions in `_catalog` (empty if the table does not exist yet)."""
+    """All versions in `_catalog` (empty if the table does not exist yet).
+
+    A local lake's catalog is read with delta-rs (a few hundred rows: no Spark jobs, no Delta snapshot to build in
+    the JVM); Spark reads it elsewhere."""
     from delta.tables import DeltaTable
 
-    if not DeltaTable.isDeltaTable(spark, path):
+    if delta_log.readable(path) and delta_log.has_commits(path):
+        from deltalake import DeltaTable as RsTable
+
+        rows = RsTable(str(delta_log.local_path(path))).to_pyarrow_table().to_pylist()
+    elif not DeltaTable.isDeltaTable(spark, path):
         return []
+    else:
+        rows = spark.read.format("delta").load(path).collect()
     out = []
-    for r in spark.read.format("delta").load(path).collect():
+    for r in rows:
         cols = tuple(CatalogColumn(position=c["position"], name=c["name"], type_oid=c["type_oid"],
                                    type_name=c["type_name"], typmod=c["typmod"], nullable=c["nullable"],
                                    is_key=c["is_key"]) for c in r["columns"])

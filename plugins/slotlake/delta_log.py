@@ -61,6 +61,12 @@ def is_delta_table(path: str) -> bool:
     return (local_path(path) / "_delta_log").is_dir()
 
 
+def has_commits(path: str) -> bool:
+    """True when the log holds a commit or a checkpoint (a bare `_delta_log` folder is no table yet)."""
+    log_dir = local_path(path) / "_delta_log"
+    return log_dir.is_dir() and any(_COMMIT_FILE.match(p.name) or ".checkpoint" in p.name for p in log_dir.iterdir())
+
+
 def _parse_commit(version: int, text: str) -> DeltaCommit:
     info: dict[str, Any] = {}
     for line in text.splitlines():

@@ -326,6 +326,8 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         F.max(F.when(F.col("op") == "T", F.struct("commit_lsn", "seq", "commit_ts"))).alias("trunc"),
         # plain inserts (no unchanged TOAST): when every change is one, the write may be an append (_append_rows)
         F.count(F.when((F.col("op") == "I") & (F.coalesce(F.size("unchanged"), F.lit(0)) <= 0), 1)).alias("plain"),
+        # changes with unchanged TOAST: only they need gold's rows to fill values (_keyed_final's seeds)
+        F.count(F.when(F.coalesce(F.size("unchanged"), F.lit(0)) > 0, 1)).alias("toast"),
     ).collect()
     n = sum(int(g["n"]) for g in groups)
     if n == 0:
@@ -333,6 +335,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     truncs = [tuple(g["trunc"]) for g in groups if g["trunc"] is not None]
     trunc = _Truncate(*max(truncs)) if truncs else None
     plain = sum(int(g["plain"]) for g in groups)  # plain inserts of the batch
+    toast = sum(int(g["toast"]) for g in groups)
     layouts = _layouts(batch, [g for g in groups if g["shape"] is not None])
     evo: Evolution | None = None
     schema_changes: list[str] = []
@@ -385,7 +388,10 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
                 if plan.strategy is KeyStrategy.INSERT_ONLY:
                     unapplied = typed.where(F.col("op").isin("U", "D")).count()
             elif plan.strategy is KeyStrategy.KEYED:
-                source_df = _keyed_source(plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
+                # Gold seeds the lineages only to fill unchanged TOAST: a batch without any needs no read of gold
+                # (a soft delete's values then come from gold in the MERGE itself, as `__partial` says).
+                source_df = _keyed_source(plan, typed, None if trunc or not toast
+                                          else DeltaTable.forPath(session, gold).toDF(), toast=toast > 0)
             elif plan.strategy is KeyStrategy.FULL_ROW:
                 source_df = _full_row_source(plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
             else:
@@ -803,8 +809,10 @@ def _meta_cols() -> list[Column]:
 
 # ---- keyed tables: lineage ---------------------------------------------------------------------------------
 
-def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -> DataFrame:
-    """One row per key touched: its final state (`__action` U with `__v*`) or its removal (`__action` D)."""
+def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None, *, toast: bool = True) -> DataFrame:
+    """One row per key touched: its final state (`__action` U with `__v*`) or its removal (`__action` D).
+
+    `toast`: False when no change of the batch has an unchanged TOAST value (every new tuple is whole)."""
     shape = plan.shape
     keys = plan.key_positions
     cid = F.struct("commit_lsn", "seq")
@@ -816,6 +824,8 @@ def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -
     ch = typed.withColumn("__id", cid).withColumn("__ok", ok).withColumn("__nk", nk)
     moved = (F.col("op") == "U") & ~F.col("__ok").eqNullSafe(F.col("__nk"))
     if ch.where(moved).limit(1).count() == 0:
+        if not toast and not plan.soft_delete:
+            return _last_per_key(plan, ch)
         # No key changed in the batch (the usual case): a row's lineage is its key (rid: the key's first change;
         # an insert after a delete writes every column, so sharing the key's lineage fills nothing wrong), and
         # the lineage resolution (several Spark jobs) is not needed.
@@ -823,6 +833,23 @@ def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -
         return _keyed_final(plan, ch.withColumn("rid", first), target)
     links = _lineage_links(ch, moved, shape.qualified)
     return _keyed_final(plan, ch.join(links.select("__id", "rid"), "__id"), target)
+
+
+def _last_per_key(plan: TablePlan, ch: DataFrame) -> DataFrame:
+    """`_keyed_final`'s result when no key changed, no change has unchanged TOAST and deletes are hard: each key's
+    last change is its whole final state (an insert or update carries every column; a delete's values are not
+    used), so one aggregation gives it, pre-aggregated before the shuffle (a hot row updated thousands of times
+    in a batch leaves each task as one row), instead of three window passes over the batch."""
+    ncols = len(plan.shape.columns)
+    nkeys = len(plan.key_positions)
+    last = F.max_by(F.struct("op", "commit_lsn", "commit_ts", *[F.col(f"__n{i}").alias(f"v{i}") for i in range(ncols)]),
+                    "__id")
+    per_key = ch.groupBy(F.coalesce("__ok", "__nk").alias("key")).agg(last.alias("l"))
+    return per_key.select(*[F.col("key").getField(f"k{j}").alias(f"__k{j}") for j in range(nkeys)],
+                          F.when(F.col("l.op") == "D", "D").otherwise("U").alias("__action"),
+                          *[F.col(f"l.v{i}").alias(f"__v{i}") for i in range(ncols)],
+                          F.col("l.commit_lsn").alias("__lsn"), F.col("l.commit_ts").alias("__ts"),
+                          F.lit(False).alias("__partial"))
 
 
 def _lineage_links(ch: DataFrame, moved: Column, name: str) -> DataFrame:
