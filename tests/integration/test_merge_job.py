@@ -588,3 +588,44 @@ def test_insert_only_append_keeps_soft_deleted_keys_merged(spark, tmp_path):
     assert _last_operation(lake, ITEMS)[0] == "MERGE"
     assert lake.gold(ITEMS, "_slotlake_deleted", "_slotlake_lsn") == [
         (1, "again", False, 300), (2, "b", False, 100), (3, "c", False, 300)]
+
+
+def test_last_per_key_path_gives_the_window_paths_gold(spark, tmp_path, monkeypatch):
+    """A keyed batch without key changes, unchanged TOAST or soft deletes takes `_last_per_key`; the same two
+    batches merged with that path switched off (the window passes) give the same gold, row for row with the
+    LSN and commit time, and both the expected one."""
+    import slotlake.spark.merge_job as merge_job
+
+    first = [ITEMS.ins(100, 0, "1", "a"), ITEMS.ins(100, 1, "2", "b"), ITEMS.ins(100, 2, "3", "c")]
+    hot = [ITEMS.upd(200 + i, 0, "1", f"v{i}") for i in range(30)]  # one key updated many times
+    second = hot + [
+        ITEMS.dele(240, 0, "2", "b"), ITEMS.ins(241, 0, "2", "again"),  # delete then re-insert
+        ITEMS.ins(242, 0, "4", "d"), ITEMS.dele(243, 0, "4", "d"),  # insert then delete
+        ITEMS.dele(244, 0, "3", "c"),  # a delete of a gold row
+        ITEMS.upd(245, 0, "5", "never inserted"),  # an update of a row gold does not have: inserted
+    ]
+    calls: list[int] = []
+    real = merge_job._last_per_key
+
+    def counted(plan, ch):
+        calls.append(1)
+        return real(plan, ch)
+
+    golds = []
+    for name, path in (("fast", counted), ("windows", None)):
+        lake = Lake(spark, tmp_path / name)
+        monkeypatch.setattr(merge_job, "_last_per_key", path or real)
+        if path is None:  # the window passes: the same batch seen as one that may need gold's TOAST values
+            keyed = merge_job._keyed_source
+            monkeypatch.setattr(merge_job, "_keyed_source", lambda plan, typed, target, toast=True:
+                                keyed(plan, typed, target, toast=True))
+        lake.decode(first, 150)
+        lake.merge()
+        lake.decode(second, 250)
+        lake.merge()
+        golds.append(lake.gold(ITEMS, "_slotlake_lsn", "_slotlake_commit_ts"))
+        monkeypatch.undo()
+    assert len(calls) == 1  # the first lake's second batch took the last-per-key path (the first is an append)
+    assert golds[0] == golds[1] == sorted([
+        (1, "v29", 229, ts(229).replace(tzinfo=None)), (2, "again", 241, ts(241).replace(tzinfo=None)),
+        (5, "never inserted", 245, ts(245).replace(tzinfo=None))], key=repr)
