@@ -16,9 +16,6 @@ import subprocess
 
 import psycopg
 import pytest
-
-from integration.test_recover import SLOTLAKE, TABLES, Lake, _record, _recover, _sql, assert_pg_tables_equal, \
-    workload_lake
 from oracle import assert_gold_equals_pg, pg_columns
 from slotlake import delta_log
 from slotlake.lake import LakePaths
@@ -27,6 +24,17 @@ from slotlake.merge.plan import VALID_FROM_LSN_COL, VALID_TO_LSN_COL
 from slotlake.names import spark_ident
 from slotlake.spark.history_job import history_as_of, history_coverage
 from slotlake.spark.recover_job import resolve_as_of
+
+from integration.test_recover import (
+    SLOTLAKE,
+    TABLES,
+    Lake,
+    _record,
+    _recover,
+    _sql,
+    assert_pg_tables_equal,
+    workload_lake,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -137,7 +145,7 @@ def _cli_sync(lake: Lake, failpoint: str | None = None) -> subprocess.CompletedP
     if failpoint:
         env["SLOTLAKE_FAILPOINT"] = failpoint
     return subprocess.run([SLOTLAKE, "--config", str(lake.config_path), "sync", "src"], capture_output=True,
-                          text=True, timeout=1800, env=env)
+                          text=True, timeout=1800, env=env, check=False)
 
 
 def test_a_sync_killed_between_history_and_gold_loses_and_repeats_nothing(spark, hlake, tmp_path):
