@@ -126,6 +126,11 @@ class SourceConfig:
     numeric: NumericSettings = NumericSettings()
     origin: str = "any"  # any | none: `none` skips changes other logical replication applied (PostgreSQL 16+)
     schema_changes: SchemaChanges = SchemaChanges()
+    history_tables: tuple[str, ...] | None = None  # `history: [tables]`: only these (None: all, when history)
+
+    def keeps_history(self, table: str) -> bool:
+        """Whether the merge keeps `table`'s SCD2 history table (gold_history/<schema>/<table>)."""
+        return self.history and (self.history_tables is None or table in self.history_tables)
 
     def lake_path(self, lake: str) -> str:
         return f"{lake.rstrip('/')}/{self.name}"
@@ -336,8 +341,18 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
     if delete_mode not in ("hard", "soft"):
         raise ConfigError(f"{where}.delete_mode: {delete_mode!r} must be hard or soft")
     history = raw.get("history", False)
-    if not isinstance(history, bool):
-        raise ConfigError(f"{where}.history: must be true or false")
+    history_tables = None
+    if isinstance(history, list):  # per table: only these keep a history table
+        history_tables = tuple(_parse_table(t, f"{where}.history") for t in history)
+        synced = None if tables is None else tables + tuple(insert_only)
+        unknown = [t for t in history_tables if synced is not None and t not in synced]
+        if unknown:
+            raise ConfigError(f"{where}.history: {', '.join(unknown)} is not one of the source's tables "
+                              f"({', '.join(synced or ())})")
+        history = bool(history_tables)
+    elif not isinstance(history, bool):
+        raise ConfigError(f"{where}.history: must be true or false, or a list of the source's tables like "
+                          "[public.orders]")
     start_date = str(raw.get("start_date", "2024-01-01"))
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", start_date):
         raise ConfigError(f"{where}.start_date: {start_date!r} must be YYYY-MM-DD")
@@ -360,7 +375,8 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
                           "other logical replication, PostgreSQL 16+)")
     schema_changes = _parse_schema_changes(raw.get("schema_changes"), f"{where}.schema_changes")
     return SourceConfig(name=name, dsn=dsn, conn_id=conn_id, slot=slot, publication=publication, tables=tables,
-                        schedule=schedule, delete_mode=delete_mode, history=history, start_date=start_date,
+                        schedule=schedule, delete_mode=delete_mode, history=history, history_tables=history_tables,
+                        start_date=start_date,
                         on_bad_value=on_bad_value, on_drop_column=on_drop_column, schemas=schemas,
                         insert_only=tuple(insert_only), lock_timeout_s=lock_timeout_s, numeric=numeric,
                         origin=origin, schema_changes=schema_changes)

@@ -90,3 +90,7 @@ class LakePaths:
     def gold(self, schema: str, table: str) -> str:
         """`gold/<schema>/<table>`, the names encoded by `path_segment` (plain names as they are)."""
         return table_dir(f"{self.root}/gold", schema, table)
+
+    def gold_history(self, schema: str, table: str) -> str:
+        """`gold_history/<schema>/<table>`: the SCD2 history of a gold table (source setting `history`)."""
+        return table_dir(f"{self.root}/gold_history", schema, table)

@@ -94,13 +94,18 @@ class Lake:
 @pytest.fixture(scope="module")
 def lake(pg_server, spark, tmp_path_factory) -> Lake:
     """The workload run and synced once for the module; points[i] = (LSN, time) right after step i (0: the copy)."""
+    yield from workload_lake(pg_server, spark, tmp_path_factory.mktemp("recover"))
+
+
+def workload_lake(pg_server, spark, home: Path, source_settings: str = ""):
+    """Run the workload and yield its Lake (the `lake` fixture; tests/integration/test_history.py with
+    `source_settings` = extra lines of the source's config, e.g. "    history: true\n")."""
     name = "t_" + uuid.uuid4().hex[:10]
     pg_server.psql(f"CREATE DATABASE {name}")
     dsn = pg_server.dsn(name)
-    home = tmp_path_factory.mktemp("recover")
     config_path = home / "slotlake.yaml"
     config_path.write_text(f"lake: {home / 'lake'}\nspark: {{master: \"local[1]\"}}\nsources:\n  src:\n"
-                           f"    dsn: {dsn}\n    tables: [{', '.join(TABLES)}]\n")
+                           f"    dsn: {dsn}\n    tables: [{', '.join(TABLES)}]\n{source_settings}")
     cfg = load_config(str(config_path))
     try:
         _sql(dsn, *SETUP)

@@ -178,6 +178,16 @@ def test_insert_only_tables_join_the_listed_tables():
     assert shop.syncs("public.history")
 
 
+def test_history_per_source_or_per_table():
+    cfg = parse_config(with_change("sources.shop.history", ["Public.Orders"]))
+    shop, crm = cfg.source("shop"), cfg.source("crm")
+    assert shop.keeps_history("public.orders") and not shop.keeps_history("public.customers")
+    assert crm.keeps_history("any.table")  # history: true, every table
+    assert not parse_config(GOOD).source("shop").keeps_history("public.orders")  # default: off
+    with pytest.raises(ConfigError, match=r"sources\.shop\.history: public\.nope is not one of the source's tables"):
+        parse_config(with_change("sources.shop.history", ["public.nope"]))
+
+
 @pytest.mark.parametrize("path,value,fragment", [
     ("sources.shop.schemas", ["public"], "sources.shop: set tables or schemas, not both"),
     ("sources.crm.schemas", [], "sources.crm.schemas: must be a non-empty list"),

@@ -92,6 +92,22 @@ def test_result_round_trips_through_json_form():
                          "  public.a: 3 rows -> /x/public/a"]
 
 
+
+def test_result_says_which_tables_came_from_history():
+    r = RecoverResult(source="shop", as_of="0/10", lsn=Lsn(16), commit_ts=None, target="delta",
+                      tables=(RecoveredTable("public.a", 3, "/x/public/a"), RecoveredTable("public.b", 1, "/x/public/b")),
+                      from_history=("public.a",))
+    assert RecoverResult.from_dict(r.as_dict()) == r and r.as_dict()["from_history"] == ["public.a"]
+    assert r.lines()[1:] == ["  public.a: 3 rows -> /x/public/a (from history)", "  public.b: 1 rows -> /x/public/b"]
+
+
+@pytest.mark.parametrize("lsn, covered", [(Lsn(9), False), (Lsn(10), True), (Lsn(15), True), (Lsn(20), True),
+                                          (Lsn(21), False)], ids=["before", "start", "inside", "watermark", "past"])
+def test_history_covers_from_its_start_to_its_watermark(lsn, covered):
+    from slotlake.spark.history_job import HistoryCoverage
+
+    assert HistoryCoverage(Lsn(10), Lsn(20)).covers(lsn) is covered
+
 @pytest.mark.parametrize("text, ok", [
     ("16/B374D848", True), ("0/0", True), ("2024-03-01", True), ("2024-03-01T09:14", True),
     ("2024-03-01 09:14:00.123456", True), ("2024-03-01T09:14:00Z", True), ("2024-03-01T09:14:00+02:00", True),

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Iterable
 
-from pyspark.sql.types import BooleanType, DataType, IntegerType, LongType, StructField, StructType, TimestampType
+from pyspark.sql.types import (BooleanType, DataType, IntegerType, LongType, StringType, StructField, StructType,
+                               TimestampType)
 
 from slotlake.decode.types import DECIMAL, spark_type
 from slotlake.errors import ConfigError, MergeError
@@ -22,6 +23,13 @@ LSN_COL = "_slotlake_lsn"
 COMMIT_TS_COL = "_slotlake_commit_ts"
 DELETED_COL = "_slotlake_deleted"
 DUP_COL = "_slotlake_dup"
+# gold_history/<schema>/<table> (SCD2): one row per version of a source row, its life in commit LSNs and times
+VALID_FROM_LSN_COL = "_slotlake_valid_from_lsn"
+VALID_TO_LSN_COL = "_slotlake_valid_to_lsn"  # NULL while the version is current
+VALID_FROM_TS_COL = "_slotlake_valid_from_ts"
+VALID_TO_TS_COL = "_slotlake_valid_to_ts"
+OP_COL = "_slotlake_op"  # I / U of the change that opened the version; S: the gold row history started from
+HISTORY_STAGE = "history"
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -133,6 +141,20 @@ def gold_schema(shape: TableShape, strategy: KeyStrategy, soft_delete: bool,
     if strategy is KeyStrategy.FULL_ROW:
         fields.append(StructField(DUP_COL, IntegerType(), False))
     return StructType(fields)
+
+
+def history_schema(gold: StructType) -> StructType:
+    """The history table of a gold table: gold's source columns (same types), `_slotlake_dup` for FULL tables,
+    then the version columns. Gold's `_slotlake_lsn`/`_commit_ts`/`_deleted` are what the version columns say."""
+    fields = [f for f in gold.fields if not f.name.startswith("_slotlake_") or f.name == DUP_COL]
+    fields += [StructField(VALID_FROM_LSN_COL, LongType(), False), StructField(VALID_TO_LSN_COL, LongType(), True),
+               StructField(VALID_FROM_TS_COL, TimestampType(), True), StructField(VALID_TO_TS_COL, TimestampType(), True),
+               StructField(OP_COL, StringType(), False)]
+    return StructType(fields)
+
+
+def history_app_id(source: str, schema_name: str, table_name: str) -> str:
+    return f"slotlake-history-{source}-{schema_name}.{table_name}"
 
 
 def needs_column_mapping(columns: Iterable[str]) -> bool:

@@ -153,23 +153,27 @@ class RecoverResult:
     commit_ts: datetime | None  # its commit time (None: before the first decoded commit)
     target: str  # delta | postgres
     tables: tuple[RecoveredTable, ...]
+    # the tables read from their history table (gold_history) at the LSN; the others were rebuilt by replay
+    from_history: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "as_of": self.as_of, "lsn": str(self.lsn),
                 "commit_ts": self.commit_ts.isoformat() if self.commit_ts else None, "target": self.target,
-                "tables": [dataclasses.asdict(t) for t in self.tables]}
+                "tables": [dataclasses.asdict(t) for t in self.tables], "from_history": list(self.from_history)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RecoverResult:
         return cls(source=d["source"], as_of=d["as_of"], lsn=Lsn.parse(d["lsn"]),
                    commit_ts=datetime.fromisoformat(d["commit_ts"]) if d["commit_ts"] else None,
-                   target=d["target"], tables=tuple(RecoveredTable(**t) for t in d["tables"]))
+                   target=d["target"], tables=tuple(RecoveredTable(**t) for t in d["tables"]),
+                   from_history=tuple(d.get("from_history", ())))
 
     def lines(self) -> list[str]:
         when = (self.commit_ts.isoformat() if self.commit_ts
                 else "none (before the first decoded commit: the initial copy's state)")
         return ([f"recover {self.source} as of {self.as_of}: commit LSN {self.lsn}, commit time {when}"]
-                + [f"  {t.table}: {t.rows} rows -> {t.written_to}" for t in self.tables])
+                + [f"  {t.table}: {t.rows} rows -> {t.written_to}" + (" (from history)" if t.table in self.from_history
+                                                                       else "") for t in self.tables])
 
 
 def recover(cfg: Config, source: str, as_of: str, tables: Sequence[str] | None, to: str,

@@ -397,6 +397,11 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
             else:
                 unapplied = typed.where(F.col("op").isin("U", "D")).count()
                 source_df = typed.where(F.col("op") == "I").select(*_value_cols(plan), *_meta_cols())
+        if src.keeps_history(name) and gold == paths.gold(schema, table):  # not a replay's own gold paths
+            from slotlake.spark.history_job import HistoryBatch, write_history
+
+            write_history(session, HistoryBatch(src, paths, schema, table, end, batch, plan, evo, layouts, gold,
+                                                mark))
         if unapplied:
             log.warning("%s is merged insert-only (REPLICA IDENTITY NOTHING, or keyless): %d update(s)/"
                         "delete(s) up to %s cannot be applied", name, unapplied, end)
@@ -809,7 +814,15 @@ def _meta_cols() -> list[Column]:
 
 # ---- keyed tables: lineage ---------------------------------------------------------------------------------
 
-def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None, *, toast: bool = True) -> DataFrame:
+def keyed_states(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -> DataFrame:
+    """Every change of a keyed batch with the row state it leaves (`__f{i}`: struct(v), unchanged TOAST filled
+    along the row's lineage, seeded by `target`'s row), its old/new key (`__ok`/`__nk`), `__id`, `op`,
+    `commit_lsn`, `commit_ts`: the per-change view the history table is built from (spark/history_job.py)."""
+    return _keyed_source(plan, typed, target, filled_only=True)
+
+
+def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None, *, toast: bool = True,
+                  filled_only: bool = False) -> DataFrame:
     """One row per key touched: its final state (`__action` U with `__v*`) or its removal (`__action` D).
 
     `toast`: False when no change of the batch has an unchanged TOAST value (every new tuple is whole)."""
@@ -824,15 +837,15 @@ def _keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None, *
     ch = typed.withColumn("__id", cid).withColumn("__ok", ok).withColumn("__nk", nk)
     moved = (F.col("op") == "U") & ~F.col("__ok").eqNullSafe(F.col("__nk"))
     if ch.where(moved).limit(1).count() == 0:
-        if not toast and not plan.soft_delete:
+        if not toast and not plan.soft_delete and not filled_only:
             return _last_per_key(plan, ch)
         # No key changed in the batch (the usual case): a row's lineage is its key (rid: the key's first change;
         # an insert after a delete writes every column, so sharing the key's lineage fills nothing wrong), and
         # the lineage resolution (several Spark jobs) is not needed.
         first = F.first("__id").over(Window.partitionBy(F.coalesce("__ok", "__nk")).orderBy("__id"))
-        return _keyed_final(plan, ch.withColumn("rid", first), target)
+        return _keyed_final(plan, ch.withColumn("rid", first), target, filled_only)
     links = _lineage_links(ch, moved, shape.qualified)
-    return _keyed_final(plan, ch.join(links.select("__id", "rid"), "__id"), target)
+    return _keyed_final(plan, ch.join(links.select("__id", "rid"), "__id"), target, filled_only)
 
 
 def _last_per_key(plan: TablePlan, ch: DataFrame) -> DataFrame:
@@ -886,7 +899,7 @@ def _lineage_links(ch: DataFrame, moved: Column, name: str) -> DataFrame:
     return _resolve_lineage(links, name)
 
 
-def _keyed_final(plan: TablePlan, ch: DataFrame, target: DataFrame | None) -> DataFrame:
+def _keyed_final(plan: TablePlan, ch: DataFrame, target: DataFrame | None, filled_only: bool = False) -> DataFrame:
     """From the changes with their lineage (`rid`: the lineage's first change) to one MERGE source row per key."""
     shape = plan.shape
     ncols = len(shape.columns)
@@ -914,6 +927,8 @@ def _keyed_final(plan: TablePlan, ch: DataFrame, target: DataFrame | None) -> Da
     filled = rows.select("__id", "__sub", "op", "__ok", "__nk", "commit_lsn", "commit_ts",
                          *[F.last(f"__w{i}", ignorenulls=True).over(lw).alias(f"__f{i}") for i in range(ncols)],
                          *prior).where(F.col("__sub") == 1)
+    if filled_only:
+        return filled
 
     def state(pre: str) -> list[Column]:
         missing = F.array_compact(F.array(*[F.when(F.col(f"{pre}{i}").isNull(), F.lit(c))

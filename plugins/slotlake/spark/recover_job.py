@@ -1,7 +1,8 @@
 """The recover Spark work (see slotlake.recover.point for the semantics).
 
     POINT ──(silver: last commit at or before it)──▶ commit LSN L (one for every table)
-    replay --dest scratch, from = to = L: gold as of the nearest recorded end <= L (time travel) + the archived
+    a table whose history table covers L (history_from <= L <= its watermark): its versions valid at L
+    the others: replay --dest scratch, from = to = L: gold as of the nearest recorded end <= L (time travel) + the archived
     changes after it up to L, re-decoded with the historical catalog      (slotlake.spark.replay_job.run_replay)
     scratch table ──project onto the `_catalog` columns at L──▶ DEST/<schema>/<table> (Delta)
                                                           └──▶ COPY into <into-schema>.<table> (PostgreSQL)
@@ -28,6 +29,7 @@ from slotlake.recover.point import (Point, RecoveredTable, RecoverError, Recover
                                     version_at)
 from slotlake.replay import ReplayRequest, format_point
 from slotlake.spark.decode_job import decode_watermark
+from slotlake.spark.history_job import history_as_of, history_coverage
 from slotlake.spark.replay_job import _delete_path, run_replay
 
 log = logging.getLogger(__name__)
@@ -86,17 +88,27 @@ def run_recover(spark, cfg: Config, req: RecoverRequest, password: str | None = 
             raise RecoverError(f"recover {source}: {', '.join(there)} already exist(s) under {req.to_delta}; pass "
                                "--replace to overwrite, or choose another --to")
     scratch = f"{paths.root}/_recover/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    # A table whose history table covers L is read from it (no re-decode); the others are rebuilt by replay.
+    from_history = tuple(t for t in req.tables if _history_covers(spark, paths, t, lsn))
+    replayed = tuple(t for t in req.tables if t not in from_history)
     try:
-        run_replay(spark, cfg, ReplayRequest(source=source, from_=lsn, to=lsn, tables=req.tables,
-                                             dest=f"{scratch}/tables"))
+        if replayed:
+            run_replay(spark, cfg, ReplayRequest(source=source, from_=lsn, to=lsn, tables=replayed,
+                                                 dest=f"{scratch}/tables"))
         catalog = read_catalog(spark, paths.catalog)
         built = []
         for t in req.tables:
+            version = version_at(catalog, t, lsn)
+            if t in from_history:
+                if version is None and req.to_postgres is not None:
+                    raise RecoverError(f"recover {source}: {t} has no column definition in _catalog at {lsn} "
+                                       "(dropped before it?); recover it --to a Delta folder instead")
+                built.append((t, version, _at_point(history_as_of(spark, paths.gold_history(*t), lsn), version)))
+                continue
             path = table_dir(f"{scratch}/tables", *t)
             if not DeltaTable.isDeltaTable(spark, path):
                 raise RecoverError(f"recover {source}: {t} has no state at {lsn} (no gold table and no archived "
                                    f"change up to it); check the name (`slotlake status {source}` lists the tables)")
-            version = version_at(catalog, t, lsn)
             if version is None and req.to_postgres is not None:
                 raise RecoverError(f"recover {source}: {t} has no column definition in _catalog at {lsn} (dropped "
                                    "before it?); recover it --to a Delta folder instead")
@@ -108,10 +120,18 @@ def run_recover(spark, cfg: Config, req: RecoverRequest, password: str | None = 
     finally:
         _delete_path(spark, scratch)
     result = RecoverResult(source=source, as_of=format_point(req.as_of), lsn=lsn, commit_ts=commit_ts,
-                           target=req.target, tables=tuple(tables))
-    log.info("recover %s: %d table(s) at %s into %s (%.1fs)", source, len(tables), lsn, req.target,
-             time.monotonic() - started)
+                           target=req.target, tables=tuple(tables), from_history=tuple(map(str, from_history)))
+    log.info("recover %s: %d table(s) at %s into %s (%d from history) (%.1fs)", source, len(tables), lsn,
+             req.target, len(from_history), time.monotonic() - started)
     return result
+
+
+def _history_covers(spark, paths: LakePaths, table: TableName, lsn: Lsn) -> bool:
+    """Whether `table`'s history table answers the state at `lsn`: it started at or before it (from gold's rows
+    at its watermark then) and is written up to it. Else replay, which is simple and right for any point: history
+    up to its watermark + a replay of the rest would be a second way of doing what replay does."""
+    coverage = history_coverage(spark, paths.gold_history(*table))
+    return coverage is not None and coverage.covers(lsn)
 
 
 def _at_point(df, version: CatalogVersion | None):
