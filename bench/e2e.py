@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/e2e.py                      # pgbench -i -s 1, then ~1 M row changes (tpcb-like)
     .venv/bin/python bench/e2e.py --changes 200000     # a shorter run
+    .venv/bin/python bench/e2e.py --server             # the Spark apps in a long-lived `slotlake spark-server`
 
 Starts a throw-away LocalPostgres, `pgbench -i` (pgbench_history gets REPLICA IDENTITY FULL: it has no key),
 a first `sync` (publication, slot, initial copy of the pgbench tables: timed, not counted), then the built-in
@@ -9,7 +10,8 @@ tpcb-like script (`pgbench -t`, each transaction = 3 UPDATEs + 1 INSERT = 4 row 
 its stages timed separately, the same functions the CLI and the DAG run (after the raw pull of the same slot,
 the baseline: `COPY (SELECT ... pg_logical_slot_peek_binary_changes ...) TO STDOUT` read into nothing):
   preflight + extract   in a spawned child, whose ru_maxrss is the extract's peak RSS
-  decode, merge         spark-submit apps (JVM start included: that is what a run costs)
+  decode, merge         spark-submit apps (JVM start included: that is what a run costs); with --server, in
+                        a `slotlake spark-server` started once before the first sync (config spark.server)
 Then the fixed cost: an idle `sync` (nothing new since the last one) and a sync of ~1,000 row changes over the 4
 tables (250 tpcb-like transactions), each `--repeat` times as `.venv/bin/slotlake sync` in a new process
 (interpreter start and imports included), reported as the median and every run.
@@ -50,13 +52,36 @@ TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_
 CHANGES_PER_TXN = 4  # tpcb-like: UPDATE accounts, tellers, branches; INSERT history
 
 
-def _config(lake: str, dsn: str):
+def _config(lake: str, dsn: str, server: str | None = None):
     """The Spark apps read the config from a file, so the bench writes one next to the lake."""
     path = Path(lake).parent / "slotlake.yaml"
     if not path.exists():
-        path.write_text(json.dumps({"lake": lake, "spark": {"master": "local[2]"},
+        spark = {"master": "local[2]", **({"server": server} if server else {})}
+        path.write_text(json.dumps({"lake": lake, "spark": spark,
                                     "sources": {"bench": {"dsn": dsn, "tables": TABLES}}}))  # JSON is YAML
     return load_config(str(path))
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(cfg) -> tuple[subprocess.Popen, float]:
+    """`slotlake spark-server` for `cfg` (its spark.server address); returns it and its start-up seconds."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "plugins")}
+    log_path = Path(cfg.path).parent / "spark-server.log"
+    t = time.perf_counter()
+    proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "slotlake"), "--config", cfg.path, "spark-server"],
+                            stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env)
+    while "listening on" not in log_path.read_text():
+        if proc.poll() is not None:
+            raise SystemExit(f"slotlake spark-server exited ({proc.returncode}): see {log_path}")
+        time.sleep(0.2)
+    return proc, time.perf_counter() - t
 
 
 def _child_extract(lake: str, dsn: str, out: mp.Queue) -> None:
@@ -143,6 +168,9 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=1, help="pgbench -s (100,000 accounts per unit)")
     ap.add_argument("--clients", type=int, default=4, help="pgbench -c")
     ap.add_argument("--repeat", type=int, default=3, help="idle and 1,000-change syncs to time (default 3)")
+    ap.add_argument("--server", action="store_true",
+                    help="run the Spark apps in a `slotlake spark-server` (spark.server) started before the first "
+                         "sync: its start-up is reported apart, the stages pay no JVM start")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     load_start = os.getloadavg()
@@ -156,8 +184,10 @@ def main() -> None:
             conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
         init_s = time.perf_counter() - t
         lake = str(Path(tmp) / "lake")
-        cfg = _config(lake, dsn)
+        cfg = _config(lake, dsn, f"127.0.0.1:{_free_port()}" if args.server else None)
         paths = LakePaths.of(lake, "bench")
+        server, server_s = start_server(cfg) if args.server else (None, 0.0)
+        where = "Spark server" if server else "spark-submit"
         from slotlake.pipeline import sync, task_decode, task_merge
 
         t = time.perf_counter()
@@ -175,16 +205,21 @@ def main() -> None:
         stages["preflight + extract"] = ext["seconds"]
         t = time.perf_counter()
         task_decode(cfg, "bench")
-        stages["decode (spark-submit)"] = time.perf_counter() - t
+        stages[f"decode ({where})"] = time.perf_counter() - t
         t = time.perf_counter()
         task_merge(cfg, "bench")
-        stages["merge (spark-submit)"] = time.perf_counter() - t
+        stages[f"merge ({where})"] = time.perf_counter() - t
         changes = decoded_rows(paths, silver_before)
         fixed = fixed_cost(cfg, pg, args.repeat)
+        if server is not None:
+            server.terminate()
+            server.wait(60)
         load_end = os.getloadavg()
         mb = (ext["bytes"] or 0) / 1e6
         print(f"\npgbench -i -s {args.scale}: {init_s:.1f}s; first sync (slot + initial copy): {first_s:.1f}s; "
               f"pgbench {args.clients} clients x {txns} tpcb-like transactions: {bench_s:.1f}s")
+        if server is not None:
+            print(f"slotlake spark-server start-up (once, before the first sync): {server_s:.1f}s")
         print(f"row changes decoded: {changes:,}; pgoutput messages archived: {ext['rows']:,} ({mb:.1f} MB)")
         print(f"{'stage':<24} {'s':>8} {'changes/s':>11} {'MB/s':>7}")
         for name, s in [*stages.items(), ("total", sum(stages.values()))]:

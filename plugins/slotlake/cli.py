@@ -8,6 +8,7 @@
     slotlake [--config FILE] undo SOURCE --xid N | --commit-lsn L [--out FILE]
     slotlake [--config FILE] recover SOURCE --as-of POINT --table T [--table T ...] --to DEST [--into-schema S]
                                                                                               [--replace]
+    slotlake [--config FILE] spark-server [--listen HOST:PORT]   a long-lived Spark driver (config spark.server)
 
 Each command is a `Command` in COMMANDS: a name, a help line, a function adding its arguments, and a function
 that runs it. Exit 0 on success; on failure one line `slotlake: error: <message>` and exit 1 (a traceback
@@ -211,6 +212,20 @@ def run_recover(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _spark_server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--listen", metavar="HOST:PORT", help="where to listen (default: the config's spark.server)")
+
+
+def run_spark_server(cfg: Config, args: argparse.Namespace) -> int:
+    from slotlake.errors import ConfigError
+    from slotlake.spark.server import main_serve
+
+    address = args.listen or cfg.spark.server
+    if not address:
+        raise ConfigError("spark-server: no address: pass --listen HOST:PORT or set spark.server in the config")
+    return main_serve(cfg, address)
+
+
 COMMANDS: tuple[Command, ...] = (
     Command("sync", "bring SOURCE's lake up to date (one run of the sync DAG)", _source_arg, run_sync),
     Command("resync", "start SOURCE over after a lost slot: new slot, recopy every table, rebuild gold",
@@ -224,6 +239,8 @@ COMMANDS: tuple[Command, ...] = (
             _undo_args, run_undo),
     Command("recover", "SOURCE's tables as of one commit LSN or time, into Delta tables or a PostgreSQL database",
             _recover_args, run_recover),
+    Command("spark-server", "keep one Spark driver running and run the sync's Spark apps in it (spark.server)",
+            _spark_server_args, run_spark_server),
 )
 
 

@@ -64,6 +64,7 @@ class SparkSettings:
     conf: Mapping[str, str] = field(default_factory=dict)
     conn_id: str | None = None  # Airflow Spark connection for SparkSubmitOperator; default: built from master
     spark_submit: str | None = None  # path to spark-submit; default: the one in this Python env
+    server: str | None = None  # host:port of a running `slotlake spark-server`: apps run there, no JVM start
 
 
 NUMERIC_MODES = ("decimal", "string")
@@ -189,7 +190,7 @@ class Config:
 
 
 _TOP_KEYS = {"lake", "spark", "sources", "extract", "snapshot"}
-_SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit"}
+_SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit", "server"}
 _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_mb"}
 _SNAPSHOT_KEYS = {"workers", "part_pages"}
 _SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
@@ -419,8 +420,15 @@ def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = No
     master = spark_raw.get("master", "local[*]")
     if not isinstance(master, str) or not master:
         raise ConfigError("spark.master: must be a Spark master URL such as local[*] or spark://host:7077")
+    server = spark_raw.get("server")
+    if server is not None:
+        server = expand_env(str(server).strip(), "spark.server")
+        if not re.fullmatch(r"[^\s:]+:\d{1,5}", server) or not 0 < int(server.rsplit(":", 1)[1]) < 65536:
+            raise ConfigError(f"spark.server: {server!r} is not host:port; set it to the address `slotlake "
+                              "spark-server` listens on (e.g. 127.0.0.1:7079), or remove it to use spark-submit")
     spark = SparkSettings(master=master, conf={str(k): str(v) for k, v in conf.items()},
-                          conn_id=spark_raw.get("conn_id"), spark_submit=spark_raw.get("spark_submit"))
+                          conn_id=spark_raw.get("conn_id"), spark_submit=spark_raw.get("spark_submit"),
+                          server=server or None)
     ex_raw = raw.get("extract") or {}
     if not isinstance(ex_raw, Mapping):
         raise ConfigError("extract: must be a mapping")

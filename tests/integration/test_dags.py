@@ -168,3 +168,36 @@ def test_sync_dag_with_nothing_new_skips_decode_and_merge(pg_db, airflow_home, t
     for table in TABLES:
         schema, name = table.split(".")
         assert_gold_equals_pg(None, str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+@pytest.mark.airflow
+@pytest.mark.slow
+def test_sync_dag_sends_decode_and_merge_to_the_spark_server(pg_db, airflow_home, tmp_path):
+    """With `spark.server`, the DAG's decode and merge are Python tasks that run the apps in the long-lived
+    `slotlake spark-server` (no spark-submit); two runs, gold equals PostgreSQL after each."""
+    from sparkserver import free_port, spark_server
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        for s in ROUND_1:
+            conn.execute(s)
+    cfg = write_config(tmp_path / "slotlake.yaml", pg_db)
+    cfg.write_text(cfg.read_text().replace('spark: {master: "local[2]"}',
+                                           f'spark: {{master: "local[1]", server: "127.0.0.1:{free_port()}"}}'))
+    env = local_airflow_env(airflow_home, cfg)
+    bag = load_dagbag(env)
+    assert bag["errors"] == {}
+    assert [bag["dags"]["slotlake_sync__shop"]["tasks"][t]["type"] for t in ("decode", "merge")] == \
+        ["PythonOperator", "PythonOperator"]
+    with spark_server(cfg, tmp_path / "server.log", env):
+        for run, changes in enumerate((None, ROUND_2), start=1):
+            with psycopg.connect(pg_db, autocommit=True) as conn:
+                for s in changes or ():
+                    conn.execute(s)
+            out = dags_test(env, "slotlake_sync__shop")
+            assert "finished on the Spark server" in out and "Spark-Submit cmd" not in out, f"run {run}:\n{out[-3000:]}"
+            for table in TABLES:
+                schema, name = table.split(".")
+                assert_gold_equals_pg(None, str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)

@@ -52,6 +52,11 @@ def test_good_config_and_defaults(tmp_path):
     assert cfg.extract.upto_nchanges > 0
 
 
+def test_spark_server_address_is_kept():
+    assert parse_config(GOOD).spark.server is None
+    assert parse_config(with_change("spark.server", "127.0.0.1:7079")).spark.server == "127.0.0.1:7079"
+
+
 @pytest.mark.parametrize(
     "path, value, fragment",
     [
@@ -59,6 +64,8 @@ def test_good_config_and_defaults(tmp_path):
         ("colour", "x", "config.colour: unknown key"),
         ("spark.mastr", "local", "spark.mastr: unknown key; did you mean 'master'"),
         ("spark.conf", ["a"], "spark.conf: must be a mapping"),
+        ("spark.server", "7079", "spark.server: '7079' is not host:port"),
+        ("spark.server", "localhost:99999", "spark.server: 'localhost:99999' is not host:port"),
         ("sources", {}, "sources: required"),
         ("sources.shop.dsn", "mysql://x/y", "sources.shop.dsn: must be a URI starting postgresql://"),
         ("sources.shop.conn_id", "also", "sources.shop: set exactly one of dsn"),
@@ -94,7 +101,8 @@ def test_good_config_and_defaults(tmp_path):
         ("sources.shop.numeric", {"tables": {"public.orders": {"columns": ["amount"]}}},
          "sources.shop.numeric.tables.public.orders.columns: must be a mapping of column name"),
     ],
-    ids=["no-lake", "unknown-top-key", "misspelt-spark-key", "spark-conf-list", "no-sources", "bad-dsn-scheme",
+    ids=["no-lake", "unknown-top-key", "misspelt-spark-key", "spark-conf-list", "spark-server-no-port",
+         "spark-server-bad-port", "no-sources", "bad-dsn-scheme",
          "dsn-and-conn-id", "bad-slot-name", "table-without-schema", "empty-tables", "duplicate-table",
          "bad-schedule", "bad-delete-mode", "history-not-bool", "bad-on-bad-value", "misspelt-source-key",
          "shared-slot", "zero-upto-nchanges", "negative-snapshot-workers", "misspelt-snapshot-key",

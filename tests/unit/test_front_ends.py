@@ -127,10 +127,14 @@ def test_cli_parser_knows_every_command_and_requires_a_source():
                 "transactions": ["--from", "0/1", "--to", "0/2"], "undo": ["--xid", "1"],
                 "recover": ["--as-of", "0/1", "--table", "a.b", "--to", "/tmp/r"]}
     for c in COMMANDS:
+        if c.name == "spark-server":  # serves every source: no SOURCE argument
+            continue
         args = parser.parse_args(["--config", "c.yaml", c.name, "shop", *required.get(c.name, [])])
         assert args.run is c.run and args.source == "shop" and args.config == "c.yaml"
     with pytest.raises(SystemExit):
         parser.parse_args(["sync"])
+    args = parser.parse_args(["--config", "c.yaml", "spark-server", "--listen", "127.0.0.1:7079"])
+    assert args.run.__name__ == "run_spark_server" and args.listen == "127.0.0.1:7079"
 
 
 def test_one_line_collapses_multiline_messages():

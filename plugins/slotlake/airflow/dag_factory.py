@@ -2,7 +2,8 @@
 
 `slotlake_sync__<source>`: preflight -> extract -> decode -> merge -> report. preflight, extract and report are
 Python tasks calling `slotlake.pipeline`; decode and merge are `SparkSubmitOperator`s fed with the same
-`SparkApp` the CLI submits. Building a DAG touches no database and starts no Spark: it only reads the config.
+`SparkApp` the CLI submits (with `spark.server` configured: Python tasks sending that app to the long-lived
+`slotlake spark-server`, `slotlake.spark.server`, as the CLI does). Building a DAG touches no database and starts no Spark: it only reads the config.
 When the extract finds nothing due (`slotlake.pending`, in its XCom), decode and merge skip themselves before
 spark-submit (no JVM) and the report still runs; when only the merge is due (a merge that died halfway), only
 the decode is skipped.
@@ -17,6 +18,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Mapping
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, CronDataIntervalTimetable, TriggerRule, task
 from airflow.sdk.exceptions import AirflowSkipException
 
@@ -25,7 +27,7 @@ from slotlake.airflow.recover_dag import build_recover_dag
 from slotlake.airflow.replay_dag import build_replay_dag
 from slotlake.config import Config, SourceConfig
 from slotlake.pending import PendingWork
-from slotlake.spark.submit import SparkApp, code_zip, spark_app
+from slotlake.spark.submit import SparkApp, code_zip, run_spark_app, spark_app
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ def _take_lock(source: SourceConfig, ship_code: bool, context: Mapping[str, Any]
     task = context["task"]
     if ship_code:
         _ship_code(context)
-    if _replay_to_dest(list(task.application_args or [])):
+    if _replay_to_dest(list(getattr(task, "application_args", None) or [])):
         return
     stack = ExitStack()
     stack.enter_context(source_lock(source, task.task_id))
@@ -96,7 +98,8 @@ def merge_due(context: Mapping[str, Any]) -> str | None:
     return None if pending.idle else (pending.merge or pending.decode)
 
 
-def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig) -> Callable[[Mapping[str, Any]], None]:
+def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig,
+                 ship_code: bool | None = None) -> Callable[[Mapping[str, Any]], None]:
     def run(context: Mapping[str, Any]) -> None:
         if due is not None:
             reason = due(context)
@@ -104,7 +107,7 @@ def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig) -> Callab
                 # No spark-submit: the task ends SKIPPED and says why (the extract's decision).
                 raise AirflowSkipException(f"{app.name}: {_extract_pending(context).describe()}")
             log.info("%s: %s", app.name, reason)
-        _take_lock(source, app.ship_code, context)
+        _take_lock(source, app.ship_code if ship_code is None else ship_code, context)
 
     return run
 
@@ -124,6 +127,27 @@ def spark_submit_task(app: SparkApp, task_id: str, conn_id: str, source: SourceC
         env_vars=dict(app.env),
         spark_binary=app.spark_submit,
         pre_execute=_pre_execute(app, due, source),
+        post_execute=_release_lock,
+        on_failure_callback=_release_lock,
+        **kwargs,
+    )
+
+
+def spark_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig, due: Due | None = None,
+               **kwargs: Any):
+    """The task running `app`: a SparkSubmitOperator, or with `spark.server` configured a Python task sending it
+    to the Spark server (`run_spark_app`: falls back to spark-submit if the server cannot take it), with the same
+    run lock and skip rule."""
+    if not app.server:
+        return spark_submit_task(app, task_id, conn_id, source, due, **kwargs)
+
+    def run_on_spark_server() -> None:
+        run_spark_app(app)
+
+    return PythonOperator(
+        task_id=task_id,
+        python_callable=run_on_spark_server,
+        pre_execute=_pre_execute(app, due, source, ship_code=False),  # the server's driver has the code
         post_execute=_release_lock,
         on_failure_callback=_release_lock,
         **kwargs,
@@ -174,10 +198,10 @@ def build_sync_dag(cfg: Config, source_name: str) -> DAG:
         def report(extracted: dict[str, Any]) -> dict[str, Any]:
             return pipeline.task_report(cfg, source_name, extracted)
 
-        decode = spark_submit_task(spark_app(cfg, source_name, "decode"), "decode", conn_id, source, due=decode_due)
+        decode = spark_task(spark_app(cfg, source_name, "decode"), "decode", conn_id, source, due=decode_due)
         # A skipped decode does not skip the merge: a merge can be due alone (one that died halfway).
-        merge = spark_submit_task(spark_app(cfg, source_name, "merge"), "merge", conn_id, source, due=merge_due,
-                                  trigger_rule=TriggerRule.NONE_FAILED)
+        merge = spark_task(spark_app(cfg, source_name, "merge"), "merge", conn_id, source, due=merge_due,
+                           trigger_rule=TriggerRule.NONE_FAILED)
         extracted = extract()
         done = report(extracted)
         preflight() >> extracted >> decode >> merge >> done

@@ -127,16 +127,21 @@ APPS: dict[str, AppSpec] = {
 }
 
 
-def main(stage: str, argv: list[str] | None = None) -> int:
-    """Run the `stage` app with `argv` (default: sys.argv[1:]); returns the process exit code."""
-    # Python workers must run this interpreter (it has pyarrow and slotlake), not whatever python3 is on PATH.
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+def parse_app_args(stage: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """The `stage` app's arguments (`--config F --source S` and its own); argparse exits on bad ones."""
     spec = APPS[stage]
     parser = argparse.ArgumentParser(prog=f"{stage}.py", description=spec.description)
     parser.add_argument("--config", default=None, help="slotlake YAML (default: $SLOTLAKE_CONFIG)")
     parser.add_argument("--source", required=True)
     spec.add_args(parser)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(stage: str, argv: list[str] | None = None) -> int:
+    """Run the `stage` app with `argv` (default: sys.argv[1:]); returns the process exit code."""
+    # Python workers must run this interpreter (it has pyarrow and slotlake), not whatever python3 is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    args = parse_app_args(stage, argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from slotlake.config import load_config
@@ -148,7 +153,7 @@ def main(stage: str, argv: list[str] | None = None) -> int:
         cfg.source(args.source)  # unknown source: the error names the known ones
         spark = get_spark(f"slotlake-{stage}-{args.source}", cfg.spark.master, cfg.spark.conf)
         try:
-            lines = spec.run(spark, cfg, args)
+            lines = APPS[stage].run(spark, cfg, args)
         finally:
             spark.stop()
     except SlotlakeError as e:

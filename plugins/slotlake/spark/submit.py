@@ -44,6 +44,8 @@ class SparkApp:
     ship_code: bool  # True: the slotlake package goes to the cluster as a --py-files zip
     env: Mapping[str, str] = field(default_factory=dict)
     spark_submit: str = ""
+    stage: str = ""  # decode, merge, sync, ... (spark_apps/<stage>.py)
+    server: str | None = None  # host:port of a `slotlake spark-server` to run the app in (config spark.server)
 
 
 def is_local_master(master: str) -> bool:
@@ -77,7 +79,21 @@ def spark_app(cfg: Config, source_name: str, stage: Stage, *, tables: Sequence[s
         env["SLOTLAKE_CONFIG"] = cfg.path
     return SparkApp(name=f"slotlake-{stage}-{source_name}", application=str(application), args=tuple(args),
                     master=master, conf=conf, ship_code=not is_local_master(master), env=env,
-                    spark_submit=cfg.spark.spark_submit or default_spark_submit())
+                    spark_submit=cfg.spark.spark_submit or default_spark_submit(), stage=stage,
+                    server=cfg.spark.server)
+
+
+def _package_files() -> list[Path]:
+    return sorted(p for p in PACKAGE_DIR.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def code_digest() -> str:
+    """A hash of the slotlake sources: names one code version (the --py-files zip, the Spark server's code)."""
+    digest = hashlib.sha256()
+    for p in _package_files():
+        digest.update(str(p.relative_to(PACKAGE_DIR)).encode())
+        digest.update(p.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def code_zip() -> str:
@@ -86,14 +102,10 @@ def code_zip() -> str:
     Named by a hash of the sources, so it is built once per code version and a concurrent run never sees a
     half-written file (written to a temp name, then renamed).
     """
-    files = sorted(p for p in PACKAGE_DIR.rglob("*.py") if "__pycache__" not in p.parts)
-    digest = hashlib.sha256()
-    for p in files:
-        digest.update(str(p.relative_to(PACKAGE_DIR)).encode())
-        digest.update(p.read_bytes())
+    files = _package_files()
     out_dir = Path(os.environ.get("SLOTLAKE_WORK_DIR", tempfile.gettempdir())) / "slotlake-pyfiles"
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"slotlake-{digest.hexdigest()[:16]}.zip"
+    target = out_dir / f"slotlake-{code_digest()}.zip"
     if not target.exists():
         tmp = out_dir / f".{target.name}.{os.getpid()}.tmp"
         with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -131,7 +143,16 @@ def failure_line(lines: Sequence[str]) -> str:
 
 
 def run_spark_app(app: SparkApp) -> None:
-    """Run `app` with spark-submit, streaming its output to the log; raise SlotlakeError if it fails."""
+    """Run `app` with spark-submit, streaming its output to the log; raise SlotlakeError if it fails.
+
+    With `spark.server` configured, the app runs in that long-lived Spark driver instead (no JVM start); when the
+    server cannot take it (not running, other code), a warning says why and spark-submit runs it as usual.
+    """
+    if app.server:
+        from slotlake.spark.server import run_on_server
+
+        if run_on_server(app):
+            return
     cmd = spark_submit_command(app)
     if not Path(app.spark_submit).exists():
         raise SlotlakeError(f"spark-submit not found at {app.spark_submit}; run scripts/setup.sh "

@@ -1,0 +1,205 @@
+"""A long-lived Spark driver for the slotlake apps: `slotlake spark-server`, and the client `run_on_server`.
+
+A spark-submit pays a JVM start, the loading of Spark's and Delta's classes and a cold JIT on every run: about
+9 s before the first Spark job of a sync, and the first Delta operations of a JVM run several times slower than
+the same ones later (bench/README.md "Spark server"). With `spark.server: host:port` in the config, the CLI and
+the sync DAG send each app (decode, merge, sync, snapshot, replay) to a server that keeps one SparkSession warm,
+and stream its log lines back. Nothing else changes: the same `slotlake.spark.apps` function runs with the same
+arguments, the same Delta commits make it exactly-once, and the caller still holds the source's run lock.
+
+Protocol (TCP, one request per connection, JSON lines): the client sends
+`{"stage": ..., "argv": [...], "code": <code_digest>}`; the server answers `{"log": line}` lines while the app
+runs, then `{"exit": 0, "lines": [...]}` or `{"exit": 1, "error": line}`. The server runs one app at a time
+(the rest wait) and refuses a request from other slotlake code (`exit` 2): restart it after an upgrade.
+
+Why not Spark Connect: the apps use the delta-spark Python API (`DeltaTable` merge, history, detail), which over
+Spark Connect needs Delta's Connect server plugin, and no build of it for Delta 4.4 / Spark 4.2 is on Maven
+Central. The recover app is not served: it carries the destination's password in its environment.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import socketserver
+import sys
+import threading
+import time
+from typing import Any
+
+from slotlake.config import Config
+from slotlake.errors import SlotlakeError
+
+log = logging.getLogger(__name__)
+
+SERVED_STAGES = frozenset({"decode", "merge", "sync", "snapshot", "replay"})
+CONNECT_TIMEOUT_S = 5.0
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, _, port = text.strip().rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SlotlakeError(f"{text!r} is not host:port (e.g. 127.0.0.1:7079)")
+    return host, int(port)
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.sendall((json.dumps(message) + "\n").encode())
+
+
+class _LineSender(logging.Handler):
+    """Sends the log records of a running app to its client; if the client is gone, cancels the app's Spark jobs
+    (its Delta commits are atomic: a cancelled app leaves nothing half-done, the next run redoes it)."""
+
+    def __init__(self, sock: socket.socket, spark) -> None:
+        super().__init__(logging.INFO)
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self._sock, self._spark, self._lock, self.gone = sock, spark, threading.Lock(), False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.gone:
+            return
+        try:
+            line = self.format(record)
+            with self._lock:
+                _send(self._sock, {"log": line})
+        except OSError:
+            self.gone = True
+            self._spark.sparkContext.cancelAllJobs()
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], spark, digest: str) -> None:
+        super().__init__(address, _Handler)
+        self.spark, self.digest, self.run_lock = spark, digest, threading.Lock()
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        try:
+            request = json.loads(self.rfile.readline() or b"{}")
+        except ValueError:
+            _send(self.request, {"exit": 1, "error": "the request is not JSON: send one line {stage, argv, code}"})
+            return
+        if request.get("code") != self.server.digest:
+            _send(self.request, {"exit": 2, "error": f"this Spark server runs slotlake code {self.server.digest}, "
+                                 f"the client {request.get('code')}: restart `slotlake spark-server`"})
+            return
+        stage, argv = str(request.get("stage")), [str(a) for a in request.get("argv") or []]
+        if stage not in SERVED_STAGES:
+            _send(self.request, {"exit": 1, "error": f"stage {stage!r} is not served here: run it with spark-submit"})
+            return
+        with self.server.run_lock:  # one app at a time: they share the driver's cores and cache
+            _send(self.request, run_request(self.server.spark, stage, argv, self.request))
+
+
+def run_request(spark, stage: str, argv: list[str], sock: socket.socket) -> dict[str, Any]:
+    """Run one app in `spark`, streaming its log records to `sock`; the final message for the client."""
+    from slotlake.config import load_config
+    from slotlake.spark.apps import APPS, parse_app_args
+
+    sender = _LineSender(sock, spark)
+    root = logging.getLogger()
+    root.addHandler(sender)
+    started = time.monotonic()
+    try:
+        try:
+            args = parse_app_args(stage, argv)
+        except SystemExit:
+            return {"exit": 1, "error": f"bad arguments for the {stage} app: {' '.join(argv)}"}
+        log.info("spark server: %s %s (config %s)", stage, args.source, args.config)
+        try:
+            cfg = load_config(args.config)
+            cfg.source(args.source)
+            lines = APPS[stage].run(spark, cfg, args)
+        except SlotlakeError as e:
+            return {"exit": 1, "error": f"slotlake {stage} {args.source}: {' '.join(str(e).split())}"}
+        except Exception as e:  # a Spark or Delta failure: report it, keep serving (the session survives it)
+            log.exception("spark server: %s %s failed", stage, args.source)
+            first = (str(e).strip().splitlines() or [""])[0]
+            return {"exit": 1, "error": f"slotlake {stage} {args.source}: {type(e).__name__}: {first}"}
+        finally:
+            spark.catalog.clearCache()
+        log.info("spark server: %s %s done in %.1fs", stage, args.source, time.monotonic() - started)
+        return {"exit": 0, "lines": lines}
+    finally:
+        root.removeHandler(sender)
+
+
+def serve(cfg: Config, address: str, *, ready=None) -> None:
+    """Start the SparkSession of `cfg.spark` and serve apps on `address` until interrupted."""
+    import signal
+
+    from slotlake.spark.session import get_spark
+    from slotlake.spark.submit import code_digest
+
+    host, port = parse_address(address)
+    digest = code_digest()
+    spark = get_spark("slotlake-spark-server", cfg.spark.master, cfg.spark.conf)
+    spark.range(1).count()  # the first job starts the scheduler and a Python-free code path: not the first sync's
+    server = _Server((host, port), spark, digest)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    log.info("slotlake spark server listening on %s:%d (master %s, code %s)", host, server.server_address[1],
+             cfg.spark.master, digest)
+    if ready is not None:
+        ready(server.server_address)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+        spark.stop()
+
+
+def run_on_server(app) -> bool:
+    """Run `app` (a `slotlake.spark.submit.SparkApp`) on the Spark server at `app.server`, streaming its output to
+    the log. True: it ran (raises SlotlakeError if it failed); False: the server could not take it (not
+    reachable, other code, a stage it does not serve): the caller runs it with spark-submit."""
+    from slotlake.spark.submit import code_digest
+
+    if app.stage not in SERVED_STAGES:
+        return False
+    host, port = parse_address(app.server)
+    try:
+        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+    except OSError as e:
+        log.warning("no slotlake Spark server at %s (%s): running %s with spark-submit; start `slotlake "
+                    "spark-server` or remove spark.server", app.server, e.strerror or e, app.name)
+        return False
+    with sock:
+        sock.settimeout(None)  # an app runs as long as it needs
+        _send(sock, {"stage": app.stage, "argv": list(app.args), "code": code_digest()})
+        log.info("running %s on the Spark server at %s", app.name, app.server)
+        final: dict[str, Any] = {}
+        for raw in sock.makefile("r", encoding="utf-8", errors="replace"):
+            message = json.loads(raw)
+            if "log" in message:
+                log.info("[%s] %s", app.name, message["log"])
+            else:
+                final = message
+                break
+    code = final.get("exit")
+    if code == 0:
+        for line in final.get("lines", []):
+            log.info("[%s] %s", app.name, line)
+        log.info("%s finished on the Spark server", app.name)
+        return True
+    if code == 2:
+        log.warning("%s: %s; running it with spark-submit", app.name, final.get("error"))
+        return False
+    if code is None:
+        raise SlotlakeError(f"the Spark server at {app.server} closed the connection while running {app.name} "
+                            "(did it stop?); run the sync again: every stage is idempotent")
+    raise SlotlakeError(f"Spark app {app.name} failed on the Spark server at {app.server}: {final.get('error')}")
+
+
+def main_serve(cfg: Config, address: str) -> int:
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    print(f"starting the slotlake Spark server on {address} (master {cfg.spark.master})", file=sys.stderr,
+          flush=True)
+    serve(cfg, address)
+    return 0

@@ -1,0 +1,101 @@
+"""`slotlake spark-server` (config `spark.server`): the sync's Spark apps run in one long-lived Spark driver
+instead of a spark-submit each. A real server process, real CLI syncs against a real PostgreSQL; gold is compared
+with PostgreSQL after every sync. Also: a failing app leaves the server serving, other slotlake code is refused,
+and a sync whose server is gone falls back to spark-submit with a warning."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from oracle import assert_gold_equals_pg  # noqa: E402
+from sparkserver import free_port, spark_server  # noqa: E402
+
+from slotlake.lake import LakePaths  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+
+SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
+SOURCE = "shop"
+TABLES = ["public.items", "public.hist"]
+
+
+def _sync(cfg: Path) -> str:
+    out = subprocess.run([SLOTLAKE, "--config", str(cfg), "sync", SOURCE], capture_output=True, text=True,
+                         timeout=1200, env={**os.environ, "PYTHONPATH": str(ROOT / "plugins")})
+    assert out.returncode == 0, f"sync failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    return out.stderr
+
+
+def _request(port: int, message: dict) -> list[dict]:
+    with socket.create_connection(("127.0.0.1", port), timeout=600) as s:
+        s.sendall((json.dumps(message) + "\n").encode())
+        return [json.loads(line) for line in s.makefile("r")]
+
+
+def _assert_gold(cfg_path: Path, dsn: str) -> None:
+    paths = LakePaths.of(str(cfg_path.parent / "lake"), SOURCE)
+    for t in TABLES:
+        assert_gold_equals_pg(None, paths.gold(*t.split(".")), dsn, t)
+
+
+def test_syncs_run_in_the_spark_server_and_fall_back_when_it_is_gone(pg_db, tmp_path):
+    port = free_port()
+    cfg = tmp_path / "slotlake.yaml"
+    cfg.write_text(json.dumps({"lake": str(tmp_path / "lake"),
+                               "spark": {"master": "local[1]", "server": f"127.0.0.1:{port}"},
+                               "sources": {SOURCE: {"dsn": pg_db, "tables": TABLES}}}))
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+        conn.execute("CREATE TABLE hist (a int, b text)")
+        conn.execute("ALTER TABLE hist REPLICA IDENTITY FULL")
+        conn.execute("INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 50) g")
+        conn.execute("INSERT INTO hist VALUES (1, 'x'), (1, 'x')")
+
+    log_path = tmp_path / "server.log"
+    with spark_server(cfg, log_path) as server:
+        log = _sync(cfg)  # slot, initial copy, its load
+        assert "on the Spark server at" in log and "submitting slotlake-" not in log, log[-3000:]
+        _assert_gold(cfg, pg_db)
+        for i in range(2):  # later syncs reuse the same driver
+            with psycopg.connect(pg_db, autocommit=True) as conn:
+                conn.execute("UPDATE items SET name = name || '!' WHERE id %% 3 = %s", (i,))
+                conn.execute("DELETE FROM items WHERE id = %s", (10 + i,))
+                conn.execute("INSERT INTO hist VALUES (2, 'y'), (2, 'y'), (1, 'x')")
+                conn.execute("DELETE FROM hist WHERE ctid = (SELECT min(ctid) FROM hist WHERE a = 1)")
+            log = _sync(cfg)
+            assert "finished on the Spark server" in log and "submitting slotlake-" not in log, log[-3000:]
+            _assert_gold(cfg, pg_db)
+
+        # A request from other slotlake code is refused (the server would run stale code for it).
+        reply = _request(port, {"stage": "sync", "argv": ["--config", str(cfg), "--source", SOURCE], "code": "x"})
+        assert reply[-1]["exit"] == 2 and "restart `slotlake spark-server`" in reply[-1]["error"], reply
+        # An app that fails reports one line and leaves the server serving.
+        from slotlake.spark.submit import code_digest
+
+        reply = _request(port, {"stage": "merge", "argv": ["--config", str(cfg), "--source", "nope"],
+                                "code": code_digest()})
+        assert reply[-1]["exit"] == 1 and "unknown source 'nope'" in reply[-1]["error"], reply
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute("UPDATE items SET name = 'after a failed app' WHERE id = 1")
+        log = _sync(cfg)
+        assert "finished on the Spark server" in log, log[-3000:]
+        _assert_gold(cfg, pg_db)
+    assert server.returncode == 0, log_path.read_text()[-3000:]  # SIGTERM: a clean stop
+
+    # The server is gone: the sync warns and runs its apps with spark-submit; nothing is lost.
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO items VALUES (1000, 'no server')")
+        conn.execute("INSERT INTO hist VALUES (3, 'z')")
+    log = _sync(cfg)
+    assert f"no slotlake Spark server at 127.0.0.1:{port}" in log and "submitting slotlake-sync-shop" in log, log[-3000:]
+    _assert_gold(cfg, pg_db)
