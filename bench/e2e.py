@@ -12,6 +12,7 @@ the baseline: `COPY (SELECT ... pg_logical_slot_peek_binary_changes ...) TO STDO
   preflight + extract   in a spawned child, whose ru_maxrss is the extract's peak RSS
   decode, merge         spark-submit apps (JVM start included: that is what a run costs); with --server, in
                         a `slotlake spark-server` started once before the first sync (config spark.server)
+Then `slotlake replay --dest` of the same LSN range (a backfill's rate per change; `--no-replay` skips it).
 Then the fixed cost: an idle `sync` (nothing new since the last one) and a sync of ~1,000 row changes over the 4
 tables (250 tpcb-like transactions), each `--repeat` times as `.venv/bin/slotlake sync` in a new process
 (interpreter start and imports included), reported as the median and every run.
@@ -143,6 +144,13 @@ def compare(spark, paths: LakePaths, dsn: str) -> list[str]:
     return lines
 
 
+def _silver_end(paths: LakePaths) -> str:
+    """Silver's decode watermark (the LSN the last decode ended at)."""
+    last = delta_log.latest_slotlake_commit(paths.changes, "decode")
+    assert last is not None, "silver has no decode commit"
+    return str(last.end_lsn)
+
+
 def cli_sync(cfg) -> float:
     """Seconds of one `slotlake sync bench` in a new process, as a user or cron runs it (imports included)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "plugins")}
@@ -168,6 +176,8 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=1, help="pgbench -s (100,000 accounts per unit)")
     ap.add_argument("--clients", type=int, default=4, help="pgbench -c")
     ap.add_argument("--repeat", type=int, default=3, help="idle and 1,000-change syncs to time (default 3)")
+    ap.add_argument("--no-replay", dest="replay", action="store_false",
+                    help="skip timing `slotlake replay --dest` of the same range (a backfill's rate per change)")
     ap.add_argument("--server", action="store_true",
                     help="run the Spark apps in a `slotlake spark-server` (spark.server) started before the first "
                          "sync: its start-up is reported apart, the stages pay no JVM start")
@@ -193,11 +203,14 @@ def main() -> None:
         t = time.perf_counter()
         sync(cfg, "bench")  # slot + initial copy of the pgbench_* tables
         first_s = time.perf_counter() - t
+        pgbench(pg, "-n", "-c", "1", "-t", "1")  # one transaction and a sync: silver and _runs have an end, so
+        sync(cfg, "bench")  # the replay below has a base point before the batch, as in a running pipeline
         t = time.perf_counter()
         pgbench(pg, "-n", "-c", str(args.clients), "-j", str(min(args.clients, 2)), "-t", str(txns))
         bench_s = time.perf_counter() - t
         silver_before = next((c.version for c in delta_log.commits(paths.changes)), -1) \
             if delta_log.is_delta_table(paths.changes) else -1
+        lsn_before = _silver_end(paths)
 
         stages = {}
         raw = baseline(dsn)  # the same slot and publication names as bench/extract.py's baseline
@@ -210,6 +223,13 @@ def main() -> None:
         task_merge(cfg, "bench")
         stages[f"merge ({where})"] = time.perf_counter() - t
         changes = decoded_rows(paths, silver_before)
+        replay_s = None
+        if args.replay:  # the same range again, as a backfill would: re-decoded and merged into a copy of gold
+            from slotlake.replay import replay
+
+            t = time.perf_counter()
+            replay(cfg, "bench", lsn_before, _silver_end(paths), dest=str(Path(tmp) / "replayed"))
+            replay_s = time.perf_counter() - t
         fixed = fixed_cost(cfg, pg, args.repeat)
         if server is not None:
             server.terminate()
@@ -226,6 +246,10 @@ def main() -> None:
             print(f"{name:<24} {s:>8.1f} {changes / s:>11,.0f} {mb / s:>7.2f}")
         print(f"{'raw pull (baseline)':<24} {raw['seconds']:>8.1f} {changes / raw['seconds']:>11,.0f} "
               f"{mb / raw['seconds']:>7.2f}   COPY of peek_binary_changes, same slot, read into nothing")
+        if replay_s is not None:
+            print(f"{'replay --dest, same range':<24} {replay_s:>8.1f} {changes / replay_s:>11,.0f} "
+                  f"{mb / replay_s:>7.2f}   slotlake replay bench --from {lsn_before} --to {_silver_end(paths)} "
+                  f"--dest DIR ({where})")
         print(f"extract peak RSS: {ext['max_rss_mb']:.0f} MB")
         for name, runs in fixed.items():
             if not runs:  # --repeat 0
