@@ -191,7 +191,7 @@ def test_sync_dag_sends_decode_and_merge_to_the_spark_server(pg_db, airflow_home
     assert bag["errors"] == {}
     assert [bag["dags"]["slotlake_sync__shop"]["tasks"][t]["type"] for t in ("decode", "merge")] == \
         ["PythonOperator", "PythonOperator"]
-    with spark_server(cfg, tmp_path / "server.log", env):
+    with spark_server(cfg, tmp_path / "server.log", env) as server:
         for run, changes in enumerate((None, ROUND_2), start=1):
             with psycopg.connect(pg_db, autocommit=True) as conn:
                 for s in changes or ():
@@ -201,3 +201,4 @@ def test_sync_dag_sends_decode_and_merge_to_the_spark_server(pg_db, airflow_home
             for table in TABLES:
                 schema, name = table.split(".")
                 assert_gold_equals_pg(None, str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
+    assert server.returncode == 0, (tmp_path / "server.log").read_text()[-3000:]  # SIGTERM: a clean stop

@@ -90,9 +90,21 @@ def test_syncs_run_in_the_spark_server_and_fall_back_when_it_is_gone(pg_db, tmp_
         log = _sync(cfg)
         assert "finished on the Spark server" in log, log[-3000:]
         _assert_gold(cfg, pg_db)
-    assert server.returncode == 0, log_path.read_text()[-3000:]  # SIGTERM: a clean stop
 
-    # The server is gone: the sync warns and runs its apps with spark-submit; nothing is lost.
+        # The server's JVM dies: the next sync is refused by the server (not failed) and runs with spark-submit;
+        # the server stops with exit code 1 for its supervisor to restart it.
+        jvm = subprocess.run(["pgrep", "-P", str(server.pid), "-f", "java"], capture_output=True, text=True)
+        assert jvm.stdout.split(), f"no JVM child of the spark-server process {server.pid}"
+        for pid in jvm.stdout.split():
+            os.kill(int(pid), 9)
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute("UPDATE items SET name = 'after the JVM died' WHERE id = 2")
+        log = _sync(cfg)
+        assert "SparkContext is gone" in log and "submitting slotlake-sync-shop" in log, log[-3000:]
+        _assert_gold(cfg, pg_db)
+        assert server.wait(120) == 1, log_path.read_text()[-3000:]
+
+    # No server at all: the sync warns and runs its apps with spark-submit; nothing is lost.
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("INSERT INTO items VALUES (1000, 'no server')")
         conn.execute("INSERT INTO hist VALUES (3, 'z')")

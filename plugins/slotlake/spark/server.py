@@ -75,6 +75,20 @@ class _Server(socketserver.ThreadingTCPServer):
     def __init__(self, address: tuple[str, int], spark, digest: str) -> None:
         super().__init__(address, _Handler)
         self.spark, self.digest, self.run_lock = spark, digest, threading.Lock()
+        self.spark_died = False
+
+    def stop_if_spark_died(self) -> bool:
+        """A driver whose JVM is gone would fail every later app: stop serving, so clients use spark-submit and a
+        supervisor restarts the server (exit code 1). True if it died."""
+        try:
+            alive = not self.spark.sparkContext._jsc.sc().isStopped()
+        except Exception:  # noqa: BLE001  (py4j cannot reach the JVM: any error means the same)
+            alive = False
+        if not alive and not self.spark_died:
+            self.spark_died = True
+            log.error("spark server: the SparkContext is gone; stopping (restart `slotlake spark-server`)")
+            threading.Thread(target=self.shutdown, daemon=True).start()
+        return not alive
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -95,7 +109,14 @@ class _Handler(socketserver.StreamRequestHandler):
             _send(self.request, {"exit": 1, "error": f"stage {stage!r} is not served here: run it with spark-submit"})
             return
         with self.server.run_lock:  # one app at a time: they share the driver's cores and cache
-            _send(self.request, run_request(self.server.spark, stage, argv, self.request))
+            if self.server.spark_died or self.server.stop_if_spark_died():
+                _send(self.request, {"exit": 2, "error": "this Spark server's SparkContext is gone: restart "
+                                     "`slotlake spark-server`"})
+                return
+            reply = run_request(self.server.spark, stage, argv, self.request)
+            if reply["exit"] != 0:
+                self.server.stop_if_spark_died()
+            _send(self.request, reply)
 
 
 def run_request(spark, stage: str, argv: list[str], sock: socket.socket) -> dict[str, Any]:
@@ -131,8 +152,9 @@ def run_request(spark, stage: str, argv: list[str], sock: socket.socket) -> dict
         root.removeHandler(sender)
 
 
-def serve(cfg: Config, address: str, *, ready=None) -> None:
-    """Start the SparkSession of `cfg.spark` and serve apps on `address` until interrupted."""
+def serve(cfg: Config, address: str, *, ready=None) -> bool:
+    """Start the SparkSession of `cfg.spark` and serve apps on `address` until SIGTERM (returns True) or until its
+    SparkContext dies (False)."""
     import signal
 
     from slotlake.spark.session import get_spark
@@ -152,7 +174,9 @@ def serve(cfg: Config, address: str, *, ready=None) -> None:
         server.serve_forever()
     finally:
         server.server_close()
-        spark.stop()
+        if not server.spark_died:
+            spark.stop()
+    return not server.spark_died
 
 
 def run_on_server(app) -> bool:
@@ -201,5 +225,4 @@ def main_serve(cfg: Config, address: str) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     print(f"starting the slotlake Spark server on {address} (master {cfg.spark.master})", file=sys.stderr,
           flush=True)
-    serve(cfg, address)
-    return 0
+    return 0 if serve(cfg, address) else 1
