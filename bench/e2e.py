@@ -24,6 +24,7 @@ The machine's load average is printed with the figures: on a shared machine, com
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -48,6 +49,7 @@ from slotlake.lake import LakePaths  # noqa: E402
 from slotlake.localpg import LocalPostgres, pg_bindir  # noqa: E402
 
 from extract import baseline  # noqa: E402  (bench/extract.py: the raw pull of slotlake_bench)
+from sparkserver import free_port, spark_server  # noqa: E402  (tests/sparkserver.py)
 
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
 CHANGES_PER_TXN = 4  # tpcb-like: UPDATE accounts, tellers, branches; INSERT history
@@ -61,28 +63,6 @@ def _config(lake: str, dsn: str, server: str | None = None):
         path.write_text(json.dumps({"lake": lake, "spark": spark,
                                     "sources": {"bench": {"dsn": dsn, "tables": TABLES}}}))  # JSON is YAML
     return load_config(str(path))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(cfg) -> tuple[subprocess.Popen, float]:
-    """`slotlake spark-server` for `cfg` (its spark.server address); returns it and its start-up seconds."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "plugins")}
-    log_path = Path(cfg.path).parent / "spark-server.log"
-    t = time.perf_counter()
-    proc = subprocess.Popen([str(ROOT / ".venv" / "bin" / "slotlake"), "--config", cfg.path, "spark-server"],
-                            stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env)
-    while "listening on" not in log_path.read_text():
-        if proc.poll() is not None:
-            raise SystemExit(f"slotlake spark-server exited ({proc.returncode}): see {log_path}")
-        time.sleep(0.2)
-    return proc, time.perf_counter() - t
 
 
 def _child_extract(lake: str, dsn: str, out: mp.Queue) -> None:
@@ -185,7 +165,8 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     load_start = os.getloadavg()
     txns = max(1, args.changes // CHANGES_PER_TXN // args.clients)
-    with tempfile.TemporaryDirectory(prefix="slotlake-bench-e2e-") as tmp, LocalPostgres() as pg:
+    with tempfile.TemporaryDirectory(prefix="slotlake-bench-e2e-") as tmp, LocalPostgres() as pg, \
+            contextlib.ExitStack() as stack:
         pg.psql("CREATE DATABASE bench")
         dsn = pg.dsn("bench")
         t = time.perf_counter()
@@ -194,9 +175,13 @@ def main() -> None:
             conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
         init_s = time.perf_counter() - t
         lake = str(Path(tmp) / "lake")
-        cfg = _config(lake, dsn, f"127.0.0.1:{_free_port()}" if args.server else None)
+        cfg = _config(lake, dsn, f"127.0.0.1:{free_port()}" if args.server else None)
         paths = LakePaths.of(lake, "bench")
-        server, server_s = start_server(cfg) if args.server else (None, 0.0)
+        server_s, server = 0.0, None
+        if args.server:  # started once, before the first sync; its start-up is reported apart
+            t = time.perf_counter()
+            server = stack.enter_context(spark_server(Path(cfg.path), Path(tmp) / "spark-server.log"))
+            server_s = time.perf_counter() - t
         where = "Spark server" if server else "spark-submit"
         from slotlake.pipeline import sync, task_decode, task_merge
 
@@ -231,9 +216,7 @@ def main() -> None:
             replay(cfg, "bench", lsn_before, _silver_end(paths), dest=str(Path(tmp) / "replayed"))
             replay_s = time.perf_counter() - t
         fixed = fixed_cost(cfg, pg, args.repeat)
-        if server is not None:
-            server.terminate()
-            server.wait(60)
+        stack.close()  # stops the Spark server, if any
         load_end = os.getloadavg()
         mb = (ext["bytes"] or 0) / 1e6
         print(f"\npgbench -i -s {args.scale}: {init_s:.1f}s; first sync (slot + initial copy): {first_s:.1f}s; "
