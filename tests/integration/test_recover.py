@@ -13,6 +13,7 @@ import subprocess
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import psycopg
 import pytest
@@ -97,9 +98,11 @@ def lake(pg_server, spark, tmp_path_factory) -> Lake:
     yield from workload_lake(pg_server, spark, tmp_path_factory.mktemp("recover"))
 
 
-def workload_lake(pg_server, spark, home: Path, source_settings: str = ""):
+def workload_lake(pg_server, spark, home: Path, source_settings: str = "",
+                  after_sync: Callable[[int, Path], None] | None = None):
     """Run the workload and yield its Lake (the `lake` fixture; tests/integration/test_history.py with
-    `source_settings` = extra lines of the source's config, e.g. "    history: true\n")."""
+    `source_settings` = extra lines of the source's config, e.g. "    history: true\n"). `after_sync(i, config
+    path)` runs after step i's sync and may rewrite the config (reloaded then: a setting changed mid-workload)."""
     name = "t_" + uuid.uuid4().hex[:10]
     pg_server.psql(f"CREATE DATABASE {name}")
     dsn = pg_server.dsn(name)
@@ -119,6 +122,9 @@ def workload_lake(pg_server, spark, home: Path, source_settings: str = ""):
             points.append(_record(dsn, i))
             if sync_after:
                 _sync(spark, cfg)
+                if after_sync is not None:
+                    after_sync(i, config_path)
+                    cfg = load_config(str(config_path))
         # the pipeline itself is right before recovery is judged (gold acct keeps the dropped column `legacy`)
         assert_gold_equals_pg(spark, LakePaths.of(cfg.lake, "src").gold("public", "ev"), dsn, "public.ev")
         yield Lake(cfg, dsn, config_path, points)
