@@ -149,8 +149,9 @@ def _recorded(i: int) -> str:
 @pytest.fixture(scope="module")
 def slake(pg_server, spark, tmp_path_factory) -> Lake:
     yield from workload_lake(pg_server, spark, tmp_path_factory.mktemp("soft_types"),
-                             "    delete_mode: soft\n    history: true\n", tables=[TYPED], setup=TYPED_SETUP,
-                             steps=TYPED_STEPS)
+                             # slots are per cluster: not the name of rlake's slot (alive in this module too)
+                             "    slot: slotlake_typed\n    delete_mode: soft\n    history: true\n",
+                             tables=[TYPED], setup=TYPED_SETUP, steps=TYPED_STEPS)
 
 
 def test_soft_delete_history_as_of_and_recover_equal_the_recorded_states(spark, slake, tmp_path):
