@@ -11,17 +11,19 @@ import collections
 import json
 import subprocess
 import uuid
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 import psycopg
 import pytest
-
 from oracle import assert_gold_equals_pg, canonical, pg_rows
+from psycopg import sql
 from slotlake.config import load_config
 from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
+from slotlake.names import TableName
 from slotlake.recover.point import request
 from slotlake.source.ddl import install_ddl_capture
 from slotlake.source.extract import extract
@@ -71,12 +73,14 @@ def _sql(dsn: str, *statements: str) -> None:
             conn.execute(s)
 
 
-def _record(dsn: str, i: int) -> tuple[Lsn, datetime]:
+def _record(dsn: str, i: int, tables: Sequence[str] = TABLES) -> tuple[Lsn, datetime]:
     with psycopg.connect(dsn, autocommit=True) as conn:
         lsn = Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
         now = conn.execute("SELECT clock_timestamp()").fetchone()[0]
-        for t in TABLES:
-            conn.execute(f"CREATE TABLE recorded.{t.split('.')[1]}_{i} AS SELECT * FROM {t}")
+        for t in tables:
+            name = TableName.parse(t)
+            conn.execute(sql.SQL("CREATE TABLE {} AS SELECT * FROM {}").format(
+                sql.Identifier("recorded", f"{name.name}_{i}"), name.sql()))
     return lsn, now
 
 
@@ -97,30 +101,39 @@ def lake(pg_server, spark, tmp_path_factory) -> Lake:
     yield from workload_lake(pg_server, spark, tmp_path_factory.mktemp("recover"))
 
 
-def workload_lake(pg_server, spark, home: Path, source_settings: str = ""):
+def workload_lake(pg_server, spark, home: Path, source_settings: str = "",
+                  after_sync: Callable[[int, Path], None] | None = None, tables: Sequence[str] = TABLES,
+                  setup: Sequence[str] = SETUP, steps: Sequence[tuple[list[str], bool]] = STEPS):
     """Run the workload and yield its Lake (the `lake` fixture; tests/integration/test_history.py with
-    `source_settings` = extra lines of the source's config, e.g. "    history: true\n")."""
+    `source_settings` = extra lines of the source's config, e.g. "    history: true\n"). `after_sync(i, config
+    path)` runs after step i's sync and may rewrite the config (reloaded then: a setting changed mid-workload).
+    `tables`, `setup`, `steps`: another workload (setup must create the schema `recorded`); recorded tables are
+    `recorded."<table>_<i>"`."""
     name = "t_" + uuid.uuid4().hex[:10]
     pg_server.psql(f"CREATE DATABASE {name}")
     dsn = pg_server.dsn(name)
     config_path = home / "slotlake.yaml"
     config_path.write_text(f"lake: {home / 'lake'}\nspark: {{master: \"local[1]\"}}\nsources:\n  src:\n"
-                           f"    dsn: {dsn}\n    tables: [{', '.join(TABLES)}]\n{source_settings}")
+                           f"    dsn: {dsn}\n    tables: [{', '.join(tables)}]\n{source_settings}")
     cfg = load_config(str(config_path))
     try:
-        _sql(dsn, *SETUP)
+        _sql(dsn, *setup)
         with psycopg.connect(dsn) as conn:
             install_ddl_capture(conn)  # ADD COLUMN reaches _catalog at its commit, before any row uses it
         run_preflight(cfg, cfg.source("src"))  # slot + initial copy
         _sync(spark, cfg)  # loads the copy
-        points = [_record(dsn, 0)]
-        for i, (statements, sync_after) in enumerate(STEPS, start=1):
+        points = [_record(dsn, 0, tables)]
+        for i, (statements, sync_after) in enumerate(steps, start=1):
             _sql(dsn, *statements)
-            points.append(_record(dsn, i))
+            points.append(_record(dsn, i, tables))
             if sync_after:
                 _sync(spark, cfg)
+                if after_sync is not None:
+                    after_sync(i, config_path)
+                    cfg = load_config(str(config_path))
         # the pipeline itself is right before recovery is judged (gold acct keeps the dropped column `legacy`)
-        assert_gold_equals_pg(spark, LakePaths.of(cfg.lake, "src").gold("public", "ev"), dsn, "public.ev")
+        last = TableName.parse(tables[-1])
+        assert_gold_equals_pg(spark, LakePaths.of(cfg.lake, "src").gold(*last), dsn, str(last))
         yield Lake(cfg, dsn, config_path, points)
     finally:
         pg_server.psql(f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "

@@ -4,7 +4,10 @@ The table definition comes from the `_catalog` version valid at the recovered co
 column names and order, the type (built-in types by OID and typmod through the target's own `format_type`, so
 `numeric(12,2)`, `varchar(100)`, `timestamp(3) with time zone` come back exactly; other types by the name the
 catalog recorded), and the key: a PRIMARY KEY for REPLICA IDENTITY DEFAULT, a UNIQUE constraint for USING INDEX
-(no key for FULL / NOTHING). All tables of one recovery are written in ONE transaction: either every table is
+(no key for FULL / NOTHING), and NOT NULL where `_catalog` recorded it (`CatalogColumn.nullable` False: known
+from the bootstrap read and DDL events, not from Relation messages). A non-built-in type (enum, domain) must
+exist in the target: recover does not create it (its definition is not in `_catalog`) and fails naming it. All
+tables of one recovery are written in ONE transaction: either every table is
 there, or none is (and with `replace`, the old tables are still there).
 
 Rows are streamed into `COPY ... FROM STDIN` as they come (an iterator), never collected whole. The session's
@@ -92,7 +95,13 @@ def column_types(conn, version: CatalogVersion) -> list[tuple[str, str]]:
         if c.name in formatted:
             out.append((c.name, formatted[c.name]))
         elif c.type_name:
-            out.append((c.name, custom_type_sql(c.type_name)))
+            type_sql = custom_type_sql(c.type_name)
+            if conn.execute("SELECT to_regtype(%s)", (type_sql,)).fetchone()[0] is None:
+                # An enum or domain lives in the source database only; its definition is not in _catalog.
+                raise RecoverError(f"type {c.type_name} of {TableName(version.schema_name, version.table_name)}."
+                                   f"{c.name} does not exist in the target database; create it there first (CREATE "
+                                   "TYPE ..., as on the source) or recover --to a Delta folder")
+            out.append((c.name, type_sql))
         else:
             raise RecoverError(f"{version.schema_name}.{version.table_name}.{c.name}: type OID {c.type_oid} has no "
                                "recorded name in _catalog; create the table yourself and load the Delta recovery")
@@ -119,8 +128,29 @@ def load_tables(conninfo: str, loads: Iterable[TableLoad], replace: bool, passwo
                 raise RecoverError(f"{load.into} already exists in the target database; pass --replace to "
                                    "overwrite, or choose another --into-schema") from None
             counts.append(_copy(conn, load.into, [n for n, _ in types], load.rows))
+            _set_not_null(conn, load.into, load.version)
         conn.commit()
     return counts
+
+
+def _set_not_null(conn, into: TableName, version: CatalogVersion) -> None:
+    """NOT NULL on the columns `_catalog` knows were NOT NULL at the point (nullable False; unknown: left as is).
+
+    After the COPY and in a savepoint: a column added with NOT NULL DEFAULT holds NULL in gold for rows no change
+    has carried since (the table rewrite is not streamed), and the recovery must not fail on it."""
+    import psycopg
+
+    cols = [c.name for c in sorted(version.columns, key=lambda c: c.position) if c.nullable is False]
+    if not cols:
+        return
+    stmt = sql.SQL("ALTER TABLE {} {}").format(into.sql(), sql.SQL(", ").join(
+        sql.SQL("ALTER COLUMN {} SET NOT NULL").format(sql.Identifier(c)) for c in cols))
+    try:
+        with conn.transaction():
+            conn.execute(stmt)
+    except psycopg.errors.NotNullViolation:
+        log.warning("recover: %s: left %s nullable: the recovered rows hold NULL there (a column added with a "
+                    "default the change stream never carried)", into, ", ".join(cols))
 
 
 def _copy(conn, into: TableName, columns: list[str], rows: Iterable[Sequence[Any]]) -> int:
