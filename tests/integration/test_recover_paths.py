@@ -61,6 +61,10 @@ def rlake(pg_server, spark, tmp_path_factory) -> Lake:
         for i in range(len(lake.points)):
             dest = str(home / f"before_resync_{i}")
             lake.before_resync[i] = (_recover(spark, lake, str(lake.points[i][0]), dest), dest)
+        # A change the old slot never archives (the resync drops it): the WAL from here to the new consistent point
+        # is a gap in the archive.
+        _sql(lake.dsn, "UPDATE acct SET owner = 'never archived' WHERE id = 1")
+        lake.in_gap = _record(lake.dsn, 99)[0]
         lake.resync = resync(lake.cfg, lake.cfg.source("src"))
         load_snapshots(spark, lake.cfg, "src")  # what `slotlake resync` runs next (the snapshot app)
         _sql(lake.dsn, "UPDATE acct SET owner = 'post' WHERE id IN (1, 4)",  # TOAST note unchanged on 4
@@ -107,6 +111,18 @@ def test_recover_before_and_after_a_resync_into_delta(spark, rlake, tmp_path):
         dest = str(tmp_path / f"time_{i}")
         _recover(spark, rlake, rlake.points[i][1].isoformat(), dest)
         _assert_recovered(spark, rlake, dest, i)
+
+
+def test_a_point_the_archive_never_covered_is_refused(spark, rlake, tmp_path):
+    from slotlake.recover.point import RecoverError
+    from slotlake.source.snapshot import current_generation
+
+    gen = current_generation(LakePaths.of(rlake.cfg.lake, "src").root)
+    assert gen.reason == "resync" and rlake.points[4][0] <= gen.archived_to < rlake.in_gap < gen.consistent_point
+    with pytest.raises(RecoverError, match=r"falls where the archive has nothing: the changes after .* up to the "
+                                           r"resync at .* were never archived"):
+        _recover(spark, rlake, str(rlake.in_gap), str(tmp_path / "gap"))
+    assert not (tmp_path / "gap").exists()  # refused before any work
 
 
 def test_recover_before_and_after_a_resync_into_postgres(spark, rlake):

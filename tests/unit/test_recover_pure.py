@@ -152,3 +152,23 @@ def test_undo_sql_without_the_undo_module_says_it_is_not_available(monkeypatch):
     cfg = parse_config({"lake": "/nonexistent", "sources": {"s": {"dsn": "postgresql://u@127.0.0.1:1/d"}}})
     with pytest.raises(ConfigError, match="mode undo_sql is not available yet"):
         recover_from_params(cfg, "s", {"mode": "undo_sql", "xid": 5, "destination": "/tmp/u.sql"})
+
+
+def test_archive_gaps_lie_between_the_old_slots_last_bronze_end_and_each_resync():
+    from slotlake.recover.point import archive_gaps
+
+    t0, t1 = datetime(2026, 1, 1, tzinfo=timezone.utc), datetime(2026, 1, 2, tzinfo=timezone.utc)
+    ends = [Lsn(150), Lsn(300), Lsn(900)]  # 150, 300: the first slot's files; 900: the second slot's
+    # the reach recorded at the resync (an idle extract may have covered past the last bronze file): it counts
+    [gap] = archive_gaps(ends, [(Lsn(100), t0, None), (Lsn(500), t1, Lsn(420))])
+    assert (gap.archived_end, gap.resumed, gap.resumed_at) == (Lsn(420), Lsn(500), t1)
+    assert [x for x in (420, 421, 498, 499, 500) if gap.holds(Lsn(x))] == [421, 498]  # 499: the new copy's state
+    # not recorded (an older lake): the old slot's newest bronze end before the new consistent point
+    [gap] = archive_gaps(ends, [(Lsn(100), t0, None), (Lsn(500), t1, None)])
+    assert gap.archived_end == Lsn(300)
+    assert archive_gaps(ends, [(Lsn(100), t0, None)]) == []  # no resync, no gap
+    # an old slot that archived nothing: its archive ends at its own copy's watermark
+    [gap] = archive_gaps([Lsn(900)], [(Lsn(100), t0, None), (Lsn(500), t1, None)])
+    assert gap.archived_end == Lsn(99)
+    assert archive_gaps([Lsn(498)], [(Lsn(100), t0, None), (Lsn(500), t1, None)]) == []  # nothing strictly inside
+    assert archive_gaps(ends, [(Lsn(100), t0, None), (Lsn(500), t1, Lsn(498))]) == []  # the archive reached C

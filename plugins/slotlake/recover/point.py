@@ -139,6 +139,43 @@ def version_at(versions: Iterable[CatalogVersion], table: TableName, lsn: Lsn) -
 
 
 @dataclass(frozen=True)
+class ArchiveGap:
+    """WAL a resync left unarchived: the old slot archived commits up to `archived_end`, the new slot starts at its
+    consistent point `resumed` (created at `resumed_at`, UTC); the state at a commit LSN strictly between
+    `archived_end` and `resumed - 1` (the new copy's watermark) is unknown to the lake."""
+
+    archived_end: Lsn
+    resumed: Lsn
+    resumed_at: datetime
+
+    def holds(self, lsn: Lsn) -> bool:
+        return self.archived_end.value < lsn.value < self.resumed.value - 1
+
+
+def archive_gaps(bronze_ends: Iterable[Lsn], generations: Sequence[tuple[Lsn, datetime, Lsn | None]]
+                 ) -> list[ArchiveGap]:
+    """The gaps before each resync: every slot generation after the first, given oldest first as (consistent point,
+    created at, how far the archive reached then). Where that reach was not recorded (a lake from before it was),
+    the old archive is taken to end at its newest bronze file before the new consistent point, or at the old copy's
+    watermark: conservative (an idle extract's coverage past its last file is not counted). Pure."""
+    ends = sorted(bronze_ends)
+    gaps = []
+    for (prev, _, _), (point, at, reached) in zip(generations, generations[1:]):
+        archived = reached if reached is not None else max(
+            [e for e in ends if e.value < point.value] + [Lsn(prev.value - 1)], key=lambda e: e.value)
+        if archived.value < point.value - 2:  # at least one LSN strictly inside
+            gaps.append(ArchiveGap(archived, point, at))
+    return gaps
+
+
+def gap_error(source: str, point: Point, gap: ArchiveGap) -> RecoverError:
+    return RecoverError(
+        f"recover {source}: --as-of {format_point(point)} falls where the archive has nothing: the changes after "
+        f"{gap.archived_end} up to the resync at {gap.resumed} ({gap.resumed_at.isoformat()}) were never archived "
+        f"(the old slot was lost); choose a point at or before {gap.archived_end} or at or after {gap.resumed}")
+
+
+@dataclass(frozen=True)
 class RecoveredTable:
     table: str  # schema.table in the source
     rows: int

@@ -85,6 +85,9 @@ class Generation:
     consistent_point: Lsn
     reason: str  # "new source" | "resync" | "recovered" (slot found without a record)
     created_at: str
+    # How far the earlier slots' archive reached when this slot was created (`bronze.covered_lsn`); None for the
+    # first slot, or a record written before slotlake kept it. Between it and C nothing was archived.
+    archived_to: Lsn | None = None
 
     @property
     def watermark(self) -> Lsn:
@@ -225,7 +228,8 @@ def generations(lake_root: str) -> list[Generation]:
     for p in sorted(folder.glob("*.json")):
         doc = json.loads(p.read_text(encoding="utf-8"))
         out.append(Generation(slot=doc["slot"], consistent_point=Lsn.parse(doc["consistent_point"]),
-                              reason=doc["reason"], created_at=doc["created_at"]))
+                              reason=doc["reason"], created_at=doc["created_at"],
+                              archived_to=Lsn.parse(doc["archived_to"]) if doc.get("archived_to") else None))
     return sorted(out, key=lambda g: int(g.consistent_point))
 
 
@@ -237,7 +241,8 @@ def current_generation(lake_root: str) -> Generation | None:
 def _record_generation(lake_root: str, gen: Generation) -> None:
     path = snapshot_dir(lake_root) / GENERATIONS / f"{gen.consistent_point.hex16}.json"
     _write_atomic(path, json.dumps({"slot": gen.slot, "consistent_point": str(gen.consistent_point),
-                                    "reason": gen.reason, "created_at": gen.created_at}, indent=1))
+                                    "reason": gen.reason, "created_at": gen.created_at,
+                                    "archived_to": str(gen.archived_to) if gen.archived_to else None}, indent=1))
 
 
 def _publication_record(lake_root: str, publication: str) -> Path:
@@ -634,7 +639,8 @@ def create_slot_with_snapshot(cfg: Config, source: SourceConfig, *, reason: str 
             raise PreflightError(f"source {source.name}: cannot create replication slot {source.slot}: "
                                  f"{scrub(str(e), dsn)}") from None
         consistent, snapshot_name = Lsn.parse(row[1]), row[2]
-        gen = Generation(slot=source.slot, consistent_point=consistent, reason=reason, created_at=_now())
+        gen = Generation(slot=source.slot, consistent_point=consistent, reason=reason, created_at=_now(),
+                         archived_to=bronze.covered_lsn(root))
         _record_generation(root, gen)
         log.info("source %s: created replication slot %s (pgoutput) at consistent point %s with exported snapshot "
                  "%s (%s)", source.name, source.slot, consistent, snapshot_name, reason)

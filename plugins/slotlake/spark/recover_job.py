@@ -26,7 +26,7 @@ from slotlake.lsn import Lsn
 from slotlake.merge.plan import COLUMN_MAPPING, needs_column_mapping
 from slotlake.names import TableName, spark_ident
 from slotlake.recover.point import (Point, RecoveredTable, RecoverError, RecoverRequest, RecoverResult,
-                                    version_at)
+                                    archive_gaps, gap_error, version_at)
 from slotlake.replay import ReplayRequest, format_point
 from slotlake.spark.decode_job import decode_watermark
 from slotlake.spark.history_job import history_as_of, history_coverage
@@ -75,6 +75,7 @@ def run_recover(spark, cfg: Config, req: RecoverRequest, password: str | None = 
     if isinstance(req.as_of, Lsn) and (covered is None or req.as_of > covered):
         raise RecoverError(f"recover {source}: --as-of {req.as_of} is past what the archive holds ({covered}); "
                            f"run `slotlake sync {source}` first or choose an earlier point")
+    _refuse_unarchived(paths, source, req.as_of)
     lsn, commit_ts, last = resolve_as_of(spark, paths.changes, req.as_of)
     if lsn == last and silver_end != max_archived_end(paths.root):
         # Later archived commits are not decoded yet, so "the last commit at or before" is not known.
@@ -124,6 +125,21 @@ def run_recover(spark, cfg: Config, req: RecoverRequest, password: str | None = 
     log.info("recover %s: %d table(s) at %s into %s (%d from history) (%.1fs)", source, len(tables), lsn,
              req.target, len(from_history), time.monotonic() - started)
     return result
+
+
+def _refuse_unarchived(paths: LakePaths, source: str, point: Point) -> None:
+    """RecoverError when an LSN `point` lies in WAL a resync left unarchived (`ArchiveGap`). A time cannot be placed
+    inside WAL the lake never read: it resolves to the last archived commit at or before it (README, resync)."""
+    from slotlake.bronze import list_bronze
+    from slotlake.source.snapshot import generations
+
+    if not isinstance(point, Lsn):
+        return
+    gens = [(g.consistent_point, datetime.fromisoformat(g.created_at), g.archived_to)
+            for g in generations(paths.root)]
+    for gap in archive_gaps((f.end_lsn for f in list_bronze(paths.root)), gens):
+        if gap.holds(point):
+            raise gap_error(source, point, gap)
 
 
 def _history_covers(spark, paths: LakePaths, table: TableName, lsn: Lsn) -> bool:
