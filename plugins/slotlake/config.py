@@ -209,6 +209,14 @@ def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
         raise ConfigError(f"{where}.{k}: unknown key{hint}")
 
 
+def host_port(text: str) -> tuple[str, int] | None:
+    """`host:port` (no colon or space in host, port 1-65535) -> (host, port); None if `text` is not one."""
+    host, _, port = text.strip().rpartition(":")
+    if not host or re.search(r"[\s:]", host) or not re.fullmatch(r"\d{1,5}", port) or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
 def expand_env(text: str, where: str) -> str:
     """Expand ${VAR} from the environment; a missing variable is an error, never an empty string."""
 
@@ -423,7 +431,7 @@ def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = No
     server = spark_raw.get("server")
     if server is not None:
         server = expand_env(str(server).strip(), "spark.server")
-        if not re.fullmatch(r"[^\s:]+:\d{1,5}", server) or not 0 < int(server.rsplit(":", 1)[1]) < 65536:
+        if host_port(server) is None:
             raise ConfigError(f"spark.server: {server!r} is not host:port; set it to the address `slotlake "
                               "spark-server` listens on (e.g. 127.0.0.1:7079), or remove it to use spark-submit")
     spark = SparkSettings(master=master, conf={str(k): str(v) for k, v in conf.items()},

@@ -10,6 +10,7 @@ the decode is skipped.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -98,8 +99,7 @@ def merge_due(context: Mapping[str, Any]) -> str | None:
     return None if pending.idle else (pending.merge or pending.decode)
 
 
-def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig,
-                 ship_code: bool | None = None) -> Callable[[Mapping[str, Any]], None]:
+def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig) -> Callable[[Mapping[str, Any]], None]:
     def run(context: Mapping[str, Any]) -> None:
         if due is not None:
             reason = due(context)
@@ -107,7 +107,7 @@ def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig,
                 # No spark-submit: the task ends SKIPPED and says why (the extract's decision).
                 raise AirflowSkipException(f"{app.name}: {_extract_pending(context).describe()}")
             log.info("%s: %s", app.name, reason)
-        _take_lock(source, app.ship_code if ship_code is None else ship_code, context)
+        _take_lock(source, app.ship_code, context)
 
     return run
 
@@ -147,7 +147,8 @@ def spark_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig, 
     return PythonOperator(
         task_id=task_id,
         python_callable=run_on_spark_server,
-        pre_execute=_pre_execute(app, due, source, ship_code=False),  # the server's driver has the code
+        # The server's driver has the code: no zip to build (a spark-submit fallback ships its own, run_spark_app).
+        pre_execute=_pre_execute(dataclasses.replace(app, ship_code=False), due, source),
         post_execute=_release_lock,
         on_failure_callback=_release_lock,
         **kwargs,

@@ -18,7 +18,7 @@ import time
 import uuid
 from datetime import datetime, timezone
 
-from slotlake.bronze import covered_lsn, max_archived_end
+from slotlake.bronze import covered_lsn, list_bronze, max_archived_end
 from slotlake.catalog import CatalogVersion, read_catalog
 from slotlake.config import Config
 from slotlake.lake import LakePaths, table_dir
@@ -130,7 +130,6 @@ def run_recover(spark, cfg: Config, req: RecoverRequest, password: str | None = 
 def _refuse_unarchived(paths: LakePaths, source: str, point: Point) -> None:
     """RecoverError when an LSN `point` lies in WAL a resync left unarchived (`ArchiveGap`). A time cannot be placed
     inside WAL the lake never read: it resolves to the last archived commit at or before it (README, resync)."""
-    from slotlake.bronze import list_bronze
     from slotlake.source.snapshot import generations
 
     if not isinstance(point, Lsn):

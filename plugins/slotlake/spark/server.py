@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any
 
-from slotlake.config import Config
+from slotlake.config import Config, host_port
 from slotlake.errors import SlotlakeError
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,10 @@ CONNECT_TIMEOUT_S = 5.0
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    host, _, port = text.strip().rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    address = host_port(text)
+    if address is None:
         raise SlotlakeError(f"{text!r} is not host:port (e.g. 127.0.0.1:7079)")
-    return host, int(port)
+    return address
 
 
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
@@ -163,7 +163,7 @@ def serve(cfg: Config, address: str, *, ready=None) -> bool:
     host, port = parse_address(address)
     digest = code_digest()
     spark = get_spark("slotlake-spark-server", cfg.spark.master, cfg.spark.conf)
-    spark.range(1).count()  # the first job starts the scheduler and a Python-free code path: not the first sync's
+    spark.range(1).count()  # the first Spark job pays the scheduler's start, so the first app does not
     server = _Server((host, port), spark, digest)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     log.info("slotlake spark server listening on %s:%d (master %s, code %s)", host, server.server_address[1],
