@@ -42,6 +42,7 @@ from slotlake.merge.visibility import CopySnapshot, not_seen_by_copy
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
 from slotlake.pending import RUNS_STAGE
+from slotlake.spark.session import error_summary
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +231,7 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
                 errors.append(str(e))
             except Exception as e:  # a Spark/Delta failure: keep the table's name with it
                 log.exception("merge of %s failed", TableName(*name))
-                errors.append(f"{TableName(*name)}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+                errors.append(f"{TableName(*name)}: {error_summary(e)}")
     if errors:
         raise MergeError(f"merge {source} to {end} failed for {len(errors)} table(s): " + " | ".join(errors))
     report = MergeReport(source, end, tuple(results[n] for n in names), _dropped_tables(spark, paths, end))

@@ -91,3 +91,19 @@ def get_spark(app_name: str = "slotlake", master: str | None = None, extra: Mapp
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def error_summary(e: BaseException) -> str:
+    """One line naming what failed: a Py4JJavaError's first line is only "An error occurred while calling oN.x",
+    so the Java exception's own class and message are taken instead."""
+    java = getattr(e, "java_exception", None)
+    text = ""
+    if java is not None:
+        try:
+            text = str(java.toString())
+        except Exception:  # the gateway may be gone already
+            text = ""
+    if not text:
+        text = str(e)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return f"{type(e).__name__}: {first}"[:1000]
