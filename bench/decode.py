@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from pgframes import Capture
 from slotlake.decode.decoded import KIND_CHANGE, decoded_schema, row_of, rows_to_batch
 from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder

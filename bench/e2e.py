@@ -42,13 +42,12 @@ sys.path.insert(0, str(ROOT / "plugins"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import psycopg  # noqa: E402
+from extract import baseline  # noqa: E402  (bench/extract.py: the raw pull of slotlake_bench)
 
 from slotlake import delta_log  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake.localpg import LocalPostgres, pg_bindir  # noqa: E402
-
-from extract import baseline  # noqa: E402  (bench/extract.py: the raw pull of slotlake_bench)
 from sparkserver import free_port, spark_server  # noqa: E402  (tests/sparkserver.py)
 
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]

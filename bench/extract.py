@@ -90,7 +90,8 @@ def workload(dsn: str, target_rows: int) -> None:
                       (i * 1000, i * 1000 + 999))
         for i in range(txns - inserts):
             lo = (i % inserts) * 1000
-            c.execute("UPDATE accounts SET abalance = abalance + 1 WHERE aid BETWEEN %s::int AND %s::int", (lo, lo + 999))
+            c.execute("UPDATE accounts SET abalance = abalance + 1 WHERE aid BETWEEN %s::int AND %s::int",
+                      (lo, lo + 999))
         c.execute("SET synchronous_commit = on")
         c.execute("SELECT txid_current()")  # flush: a peek never reads past the flushed WAL
 

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "plugins"))
 
 import psycopg
+
 from slotlake.localpg import LocalPostgres, pg_bindir
 
 TABLE = "public.pgbench_accounts"

@@ -90,7 +90,8 @@ def main() -> int:
         b_rate, s_rate = args.rows / base["seconds"], snap["rows"] / snap["seconds"]
         print(f"plain COPY (1 connection, into nothing): {base['seconds']:.2f} s, {b_rate:,.0f} rows/s, "
               f"{mb / base['seconds']:.1f} MB/s, peak RSS {base['peak_rss_mb']:.0f} MB")
-        print(f"snapshot ({args.workers} connections, {snap['parts']} parts -> Parquet {snap['parquet_bytes'] / 1e6:.0f} "
+        print(f"snapshot ({args.workers} connections, {snap['parts']} parts -> Parquet "
+              f"{snap['parquet_bytes'] / 1e6:.0f} "
               f"MB): {snap['seconds']:.2f} s, {s_rate:,.0f} rows/s, {mb / snap['seconds']:.1f} MB/s (of COPY text), "
               f"peak RSS {snap['peak_rss_mb']:.0f} MB")
         print(f"snapshot / plain COPY throughput: {s_rate / b_rate:.2f}x (target >= 0.5x)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything slotlake needs on a Debian machine, idempotently:
 #   - Debian packages: the PostgreSQL server (initdb/pg_ctl), Java 17, Maven (only those missing)
-#   - .venv/ at the repo root with the pinned requirements and slotlake itself (editable)
+#   - .venv/ at the repo root with the pinned requirements and slotlake itself (editable, all extras)
 #   - the Delta jars from Maven Central into .jars/ (spark.jars points there; Spark never downloads at start)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +27,10 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.slotlake-stamp 2>/dev/null)" != 
   [ -x .venv/bin/python ] || python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
   .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
-  .venv/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+  # slotlake itself, editable, with every extra; requirements.txt as constraints: installs nothing new, and fails
+  # if a pin falls outside a range pyproject.toml declares.
+  .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation -c requirements.txt \
+    -e ".[spark,airflow,test,lint]"
   echo "$stamp_src" > .venv/.slotlake-stamp
 fi
 

@@ -90,7 +90,8 @@ def pg_db(pg_db_server):
         yield server.dsn(name)
     finally:
         server.psql(
-            f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = '{name}' AND NOT active"
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+            f"WHERE database = '{name}' AND NOT active"
         )
         server.psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 

@@ -16,8 +16,9 @@ import datetime as dt
 import json
 import math
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 
@@ -75,7 +76,7 @@ def _value(v: Any) -> Any:
     if isinstance(v, float) and math.isnan(v):
         return "NaN"
     if isinstance(v, dt.datetime) and v.tzinfo is not None:
-        return v.astimezone(dt.timezone.utc)
+        return v.astimezone(dt.UTC)
     if isinstance(v, (list, tuple)):
         return tuple(_value(x) for x in v)
     if isinstance(v, dict):

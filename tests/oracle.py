@@ -20,7 +20,8 @@ import decimal
 import json
 import math
 import uuid
-from typing import Any, Collection
+from collections.abc import Collection
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -65,7 +66,7 @@ def canonical(value: Any, pg_type: str) -> str | None:
         return format(value.normalize(decimal.Context(prec=200_000)), "f") if value != 0 else "0"
     if isinstance(value, dt.datetime):
         if value.tzinfo is not None:
-            value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+            value = value.astimezone(dt.UTC).replace(tzinfo=None)
         return value.isoformat(sep=" ", timespec="microseconds")
     if isinstance(value, (dt.date, dt.time)):
         return value.isoformat()
@@ -129,6 +130,7 @@ def gold_rows(spark: Any, gold_path: str) -> tuple[list[str], list[dict[str, Any
 def gold_rows_delta_rs(gold_path: str) -> tuple[list[str], list[dict[str, Any]]]:
     """`gold_rows` read through delta-rs (`deltalake`) instead of Spark, as a Polars or DuckDB user would."""
     import pyarrow.compute as pc
+
     from delta_readers import read_delta_rs
 
     table = read_delta_rs(gold_path)

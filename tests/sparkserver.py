@@ -6,8 +6,8 @@ import os
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")

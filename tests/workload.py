@@ -45,7 +45,8 @@ BIG = "repeat(md5(random()::text), 400)"  # ~12.8 KB: stored out of line (TOAST)
 PHASES: list[list[str]] = [
     # phase 0: initial inserts
     [
-        "INSERT INTO customers SELECT g, 'customer ' || g, 'c' || g || '@example.com', g % 3 = 0 FROM generate_series(1, 40) g",
+        "INSERT INTO customers SELECT g, 'customer ' || g, 'c' || g || '@example.com', g % 3 = 0 "
+        "FROM generate_series(1, 40) g",
         f"INSERT INTO orders SELECT g, 1 + g % 40, (g * 12.34)::numeric(12,2), 'new', {BIG}, "
         "'2024-03-01 09:14:00+00'::timestamptz + g * interval '1 minute' FROM generate_series(1, 30) g",
         """INSERT INTO all_types VALUES
@@ -57,7 +58,8 @@ PHASES: list[list[str]] = [
            'paid', '192.168.1.10/24', '10.0.0.0/8', '08:00:2b:01:02:03'),
           (2, false, -32768, -2147483648, -9223372036854775808, 'NaN', 'Infinity',
            -0.000000000000000001, -9999999.999, '', '', '', '\\x', '0001-01-01', '00:00:00', '00:00:00+00',
-           '1970-01-01 00:00:00', '1999-12-31 23:59:59.5+00', '-1 days -00:00:01', '00000000-0000-0000-0000-000000000000',
+           '1970-01-01 00:00:00', '1999-12-31 23:59:59.5+00', '-1 days -00:00:01',
+           '00000000-0000-0000-0000-000000000000',
            '[]', '{}', '{}', '{}', 'new', '::1', '::/0', 'ff:ff:ff:ff:ff:ff'),
           (3, NULL, NULL, NULL, NULL, '-Infinity', 'NaN', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
            NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)""",

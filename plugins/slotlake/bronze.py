@@ -19,7 +19,7 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from slotlake.errors import ExtractError
@@ -172,7 +172,7 @@ def place_covered(lake_root: str, covered: Lsn, *, slot: str, upto: Lsn) -> Path
     if not final.exists():
         tmp = folder / f".{covered.hex16}.json.tmp"
         body = {"format": 1, "covered_lsn": str(covered), "upto_lsn": str(upto), "slot": slot,
-                "written_at": datetime.now(timezone.utc).isoformat()}
+                "written_at": datetime.now(UTC).isoformat()}
         with open(tmp, "w") as f:
             json.dump(body, f)
             f.flush()

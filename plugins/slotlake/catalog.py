@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from slotlake.decode.messages import Relation
 from slotlake import delta_log
+from slotlake.decode.messages import Relation
 from slotlake.lsn import Lsn
 
 if TYPE_CHECKING:

@@ -20,8 +20,9 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from slotlake.config import ENV_VAR, Config, load_config
 from slotlake.errors import SlotlakeError

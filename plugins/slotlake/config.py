@@ -19,9 +19,10 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -296,7 +297,8 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
     _unknown(set(raw), _SOURCE_KEYS, where)
     dsn, conn_id = raw.get("dsn"), raw.get("conn_id")
     if bool(dsn) == bool(conn_id):
-        raise ConfigError(f"{where}: set exactly one of dsn (postgresql://user@host:port/db) or conn_id (Airflow connection)")
+        raise ConfigError(f"{where}: set exactly one of dsn (postgresql://user@host:port/db) "
+                          "or conn_id (Airflow connection)")
     if dsn is not None:
         if not isinstance(dsn, str) or not re.match(r"^(postgres|postgresql)://", dsn.strip()):
             raise ConfigError(f"{where}.dsn: must be a URI starting postgresql://, e.g. postgresql://user@127.0.0.1:5432/shop")
@@ -310,7 +312,8 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
     tables = raw.get("tables")
     if tables is not None:
         if not isinstance(tables, list) or not tables:
-            raise ConfigError(f"{where}.tables: must be a non-empty list like [public.orders], or left out for every table in the publication")
+            raise ConfigError(f"{where}.tables: must be a non-empty list like [public.orders], "
+                              "or left out for every table in the publication")
         tables = tuple(_parse_table(t, f"{where}.tables") for t in tables)
         if len(set(tables)) != len(tables):
             raise ConfigError(f"{where}.tables: lists a table twice")

@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from slotlake.errors import SlotlakeError
 from slotlake.lake import name_of_segment
@@ -94,7 +95,7 @@ def _parse_commit(version: int, text: str) -> DeltaCommit:
                 meta = parsed["slotlake"]
         except ValueError:
             pass  # someone else's free-text metadata
-    ts = datetime.fromtimestamp(int(info.get("timestamp", 0)) / 1000, tz=timezone.utc)
+    ts = datetime.fromtimestamp(int(info.get("timestamp", 0)) / 1000, tz=UTC)
     return DeltaCommit(version=version, timestamp=ts, operation=str(info.get("operation", "")), metrics=metrics,
                        slotlake=meta)
 

@@ -14,11 +14,11 @@ import glob
 import importlib.util
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
-import re
 import time
 from functools import cache
 from pathlib import Path

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import overload
 
 _TEXT = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
 _MAX = (1 << 64) - 1
@@ -60,6 +61,12 @@ class Lsn:
         if isinstance(other, Lsn):
             raise TypeError("adding two LSNs has no meaning; add a byte count")
         return Lsn(self.value + other)
+
+    @overload
+    def __sub__(self, other: Lsn) -> int: ...
+
+    @overload
+    def __sub__(self, other: int) -> Lsn: ...
 
     def __sub__(self, other: Lsn | int) -> int | Lsn:
         """`lsn - lsn` is a byte distance (int); `lsn - n` is an earlier Lsn."""

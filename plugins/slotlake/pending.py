@@ -96,8 +96,8 @@ def pending_work(w: LakeWatermarks) -> PendingWork:
 def read_watermarks(cfg: Config, source_name: str) -> LakeWatermarks | None:
     """The watermarks of a local lake (None for a lake on an object store: its logs need Spark)."""
     from slotlake import bronze
-    from slotlake.source.catalog_read import list_bootstrap
     from slotlake.names import TableName
+    from slotlake.source.catalog_read import list_bootstrap
     from slotlake.source.snapshot import SNAPSHOT_PROPERTY, load_candidates, pending_loads
 
     src = cfg.source(source_name)

@@ -15,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from slotlake import delta_log
 from slotlake.config import Config
@@ -222,7 +223,7 @@ def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) ->
 
 def task_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) -> dict[str, Any]:
     out = build_report(cfg, source_name, extracted).as_dict()
-    out["finished_at"] = datetime.now(timezone.utc).isoformat()
+    out["finished_at"] = datetime.now(UTC).isoformat()
     return out
 
 

@@ -20,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Sequence
+from datetime import UTC, datetime
 
 from slotlake.config import Config
 from slotlake.errors import ConfigError
@@ -50,7 +50,7 @@ def parse_point(text: str, what: str = "--from") -> Point:
     except ValueError:
         raise ConfigError(f"{what} {text!r} is neither an LSN (like 16/B374D848) nor an ISO timestamp "
                           "(like 2024-03-01T09:14:00, UTC unless it carries a zone)") from None
-    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
 def format_point(p: Point) -> str:

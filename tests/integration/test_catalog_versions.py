@@ -83,7 +83,8 @@ def test_archived_changes_decode_with_the_schema_of_their_time(spark, pg_db, tmp
     first = run_decode(spark, cfg, "src")
     assert first.files_decoded == 0 and first.catalog_versions_added == 1
     boot = read_catalog(spark, paths.catalog)
-    assert [(v.version, v.origin, v.valid_from_lsn, v.valid_to_lsn) for v in boot] == [(1, "bootstrap", slot_lsn.value, None)]
+    assert [(v.version, v.origin, v.valid_from_lsn, v.valid_to_lsn) for v in boot] == [
+        (1, "bootstrap", slot_lsn.value, None)]
     assert [(c.name, c.type_oid, c.typmod, c.nullable, c.is_key) for c in boot[0].columns] == [
         ("id", INT4, -1, False, True), ("a", INT4, -1, True, False), ("b", VARCHAR, 14, True, False)]
 
@@ -100,7 +101,8 @@ def test_archived_changes_decode_with_the_schema_of_their_time(spark, pg_db, tmp
         batch_ends.append(result.end_lsn)
         warnings.append(list(result.warnings))
     # The live schema moves on after the last archived change.
-    _sql(pg_db, "ALTER TABLE t ADD COLUMN z int", "ALTER TABLE t RENAME b TO b_now", "ALTER TABLE t ALTER id TYPE bigint")
+    _sql(pg_db, "ALTER TABLE t ADD COLUMN z int", "ALTER TABLE t RENAME b TO b_now",
+         "ALTER TABLE t ALTER id TYPE bigint")
 
     catalog = read_catalog(spark, paths.catalog)
     fresh = str(tmp_path / "replayed_changes")

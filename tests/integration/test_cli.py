@@ -14,8 +14,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from demo import ROUND_1, ROUND_2, SCHEMA, TABLES  # noqa: E402  the demo's shop: every identity kind, TOAST, TRUNCATE
-from oracle import assert_gold_equals_pg  # noqa: E402
 
+from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
 from slotlake.lsn import Lsn  # noqa: E402
 from slotlake.pipeline import task_preflight  # noqa: E402

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from demo import ROUND_1, ROUND_2, SCHEMA, TABLES  # noqa: E402
-from oracle import assert_gold_equals_pg  # noqa: E402
 
+from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake import bronze  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402

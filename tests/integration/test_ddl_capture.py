@@ -7,12 +7,11 @@ import uuid
 import psycopg
 import pytest
 
-from slotlake.decode.messages import ReplicaIdentity
+from slotlake.decode.messages import DDL_MESSAGE_PREFIX, ReplicaIdentity
 from slotlake.errors import PreflightError
 from slotlake.lsn import Lsn
 from slotlake.source.catalog_read import current_wal_lsn, read_table_defs
 from slotlake.source.ddl import (
-    DDL_MESSAGE_PREFIX,
     DdlEvent,
     TableDef,
     ddl_capture_installed,

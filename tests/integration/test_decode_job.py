@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from slotlake.decode.pgoutput import decode_message
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.spark.decode_job import SILVER_COLUMNS, decode_watermark, run_decode
-from slotlake.spark.session import REPO_ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -252,7 +250,8 @@ def test_each_silver_file_holds_one_table(spark, pg_db, tmp_path, monkeypatch):
         for t in ("big", "small", "tiny"):
             cap.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
         cap.transaction("INSERT INTO big SELECT g, 'b' FROM generate_series(1, 120) g",
-                        "INSERT INTO small SELECT g, 's' FROM generate_series(1, 7) g", "INSERT INTO tiny VALUES (1, 't')")
+                        "INSERT INTO small SELECT g, 's' FROM generate_series(1, 7) g",
+                        "INSERT INTO tiny VALUES (1, 't')")
         cap.transaction("UPDATE big SET v = 'c' WHERE id <= 20", "DELETE FROM small WHERE id = 1")
         archive(cap, Path(paths.bronze), cap.start_lsn)
     finally:

@@ -25,7 +25,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import workload  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
-
 from slotlake import delta_log  # noqa: E402
 from slotlake.bronze import list_bronze  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402

@@ -16,14 +16,6 @@ import subprocess
 
 import psycopg
 import pytest
-from oracle import assert_gold_equals_pg, pg_columns
-from slotlake import delta_log
-from slotlake.lake import LakePaths
-from slotlake.lsn import Lsn
-from slotlake.merge.plan import VALID_FROM_LSN_COL, VALID_TO_LSN_COL
-from slotlake.names import spark_ident
-from slotlake.spark.history_job import history_as_of, history_coverage
-from slotlake.spark.recover_job import resolve_as_of
 
 from integration.test_recover import (
     SLOTLAKE,
@@ -35,6 +27,14 @@ from integration.test_recover import (
     assert_pg_tables_equal,
     workload_lake,
 )
+from oracle import assert_gold_equals_pg, pg_columns
+from slotlake import delta_log
+from slotlake.lake import LakePaths
+from slotlake.lsn import Lsn
+from slotlake.merge.plan import VALID_FROM_LSN_COL, VALID_TO_LSN_COL
+from slotlake.names import spark_ident
+from slotlake.spark.history_job import history_as_of, history_coverage
+from slotlake.spark.recover_job import resolve_as_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

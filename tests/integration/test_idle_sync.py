@@ -17,7 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from oracle import assert_gold_equals_pg  # noqa: E402
-
 from slotlake import delta_log  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 

@@ -30,12 +30,11 @@ def spark():
 
 
 def silver_schema():
-    from pyspark.sql.types import (ArrayType, IntegerType, LongType, StringType, StructField, StructType,
-                                   TimestampType)
-    s, l, i = StringType(), LongType(), IntegerType()
+    from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType, TimestampType
+    s, i64, i = StringType(), LongType(), IntegerType()
     return StructType([
-        StructField("commit_lsn", l), StructField("commit_end_lsn", l), StructField("commit_ts", TimestampType()),
-        StructField("xid", l), StructField("seq", i), StructField("lsn", l), StructField("rel_oid", l),
+        StructField("commit_lsn", i64), StructField("commit_end_lsn", i64), StructField("commit_ts", TimestampType()),
+        StructField("xid", i64), StructField("seq", i), StructField("lsn", i64), StructField("rel_oid", i64),
         StructField("schema_name", s), StructField("table_name", s), StructField("op", s),
         StructField("replica_identity", s), StructField("columns", ArrayType(s)),
         StructField("key_columns", ArrayType(s)), StructField("type_oids", ArrayType(i)),
@@ -46,7 +45,7 @@ def silver_schema():
 
 
 def ts(lsn: int) -> dt.datetime:
-    return dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=lsn)
+    return dt.datetime(2024, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=lsn)
 
 
 @dataclass(frozen=True)
@@ -407,7 +406,8 @@ def test_typed_values_of_every_family(spark):
         (700, -1, "1.10000002", 1.10000002, False), (701, -1, "NaN", float("nan"), False),
         (701, -1, "-Infinity", float("-inf"), False), (701, -1, "0.1", 0.1, False),
         (1700, (10 << 16 | 2) + 4, "-12345678.90", decimal.Decimal("-12345678.90"), False),
-        (1700, -1, "12345678901234567890.123456789012345678000", decimal.Decimal("12345678901234567890.123456789012345678"), False),
+        (1700, -1, "12345678901234567890.123456789012345678000",
+         decimal.Decimal("12345678901234567890.123456789012345678"), False),
         (1700, -1, "0.0000000000000000001", None, True), (1700, -1, "Infinity", None, True),
         (1700, (50 << 16 | 2) + 4, "NaN", "NaN", False),
         (17, -1, "\\x00ff10", bytes([0, 255, 16]), False), (17, -1, "\\x", b"", False),
@@ -427,7 +427,8 @@ def test_typed_values_of_every_family(spark):
     df = spark.createDataFrame([(i, c[2]) for i, c in enumerate(cases)], "i int, text string")
     for i, (oid, mod, text, want, bad) in enumerate(cases):
         value, reason = typed_value(F.col("text"), oid, mod)
-        row = df.where(F.col("i") == i).select(value.cast(spark_type(oid, mod)).alias("v"), reason.alias("r")).collect()[0]
+        row = (df.where(F.col("i") == i).select(value.cast(spark_type(oid, mod)).alias("v"), reason.alias("r"))
+               .collect()[0])
         got = row["v"]
         if isinstance(want, float) and want != want:
             assert got != got, (oid, text)
@@ -617,7 +618,7 @@ def test_last_per_key_path_gives_the_window_paths_gold(spark, tmp_path, monkeypa
         monkeypatch.setattr(merge_job, "_last_per_key", path or real)
         if path is None:  # the window passes: the same batch seen as one that may need gold's TOAST values
             keyed = merge_job._keyed_source
-            monkeypatch.setattr(merge_job, "_keyed_source", lambda plan, typed, target, toast=True:
+            monkeypatch.setattr(merge_job, "_keyed_source", lambda plan, typed, target, toast=True, keyed=keyed:
                                 keyed(plan, typed, target, toast=True))
         lake.decode(first, 150)
         lake.merge()

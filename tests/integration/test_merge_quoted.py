@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from integration.test_merge_job import INT4, TEXT, Lake, Tbl
-
 from slotlake.names import spark_ident
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]

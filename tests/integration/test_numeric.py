@@ -9,7 +9,6 @@ and the resync then rebuilds it with the new mapping.
 """
 from __future__ import annotations
 
-
 import psycopg
 import pytest
 

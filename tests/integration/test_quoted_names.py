@@ -19,7 +19,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from oracle import assert_gold_equals_pg  # noqa: E402
-
 from slotlake.lake import LakePaths  # noqa: E402
 
 SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")

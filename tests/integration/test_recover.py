@@ -12,13 +12,14 @@ import json
 import subprocess
 import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
 import pytest
-from oracle import assert_gold_equals_pg, canonical, pg_rows
 from psycopg import sql
+
+from oracle import assert_gold_equals_pg, canonical, pg_rows
 from slotlake.config import load_config
 from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths
@@ -167,14 +168,14 @@ def test_recover_by_time_is_the_last_commit_at_or_before_it(spark, lake, tmp_pat
     # a moment exactly equal to a commit's time resolves to that commit (at or before: not strictly before)
     last_lsn, last_ts = (spark.read.format("delta").load(changes).where(f"commit_lsn <= {lake.points[2][0].value}")
                          .selectExpr("max(struct(commit_lsn, commit_ts)) AS m").collect()[0]["m"])
-    exact = last_ts.replace(tzinfo=timezone.utc)
+    exact = last_ts.replace(tzinfo=UTC)
     assert resolve_as_of(spark, changes, exact)[:2] == (Lsn(last_lsn), exact)
     before = resolve_as_of(spark, changes, exact.replace(microsecond=exact.microsecond - 1)
                            if exact.microsecond else exact.replace(second=exact.second - 1, microsecond=999999))
     assert before[0] < Lsn(last_lsn)
     for i in (1, 3):
         at = lake.points[i][1]
-        naive_utc = at.astimezone(timezone.utc).replace(tzinfo=None).isoformat()  # no zone: UTC
+        naive_utc = at.astimezone(UTC).replace(tzinfo=None).isoformat()  # no zone: UTC
         dest = str(tmp_path / f"time_{i}")
         result = _recover(spark, lake, naive_utc, dest)
         assert lake.points[i - 1][0] < result.lsn <= lake.points[i][0]
@@ -285,7 +286,7 @@ def test_recover_dag_through_airflow_dags_test(lake, tmp_path):
         dags_test(env, "slotlake_recover__src", conf={**conf, "as_of": "yesterday"})
     assert not dest.exists()
     out = dags_test(env, "slotlake_recover__src", conf=conf)
-    assert f"recover src as of {lake.points[i][1].astimezone(timezone.utc).isoformat()}: commit LSN" in out
+    assert f"recover src as of {lake.points[i][1].astimezone(UTC).isoformat()}: commit LSN" in out
     assert f"public.acct: 18 rows -> {dest}/public/acct" in out  # the result in the task log (and its XCom)
     assert "Returned value was: {'source': 'src', 'as_of': " in out and "'rows': 18" in out  # the XCom
     for t in TABLES:

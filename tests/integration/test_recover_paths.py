@@ -15,11 +15,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from oracle import assert_gold_equals_pg
-from slotlake.lake import LakePaths
-from slotlake.source.snapshot import resync
-from slotlake.spark.history_job import history_coverage
-from slotlake.spark.snapshot_job import load_snapshots
 
 from integration.test_recover import (
     TABLES,
@@ -31,6 +26,11 @@ from integration.test_recover import (
     assert_pg_tables_equal,
     workload_lake,
 )
+from oracle import assert_gold_equals_pg
+from slotlake.lake import LakePaths
+from slotlake.source.snapshot import resync
+from slotlake.spark.history_job import history_coverage
+from slotlake.spark.snapshot_job import load_snapshots
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -206,6 +206,7 @@ def test_recover_into_postgres_keeps_types_quoted_names_and_not_null(spark, slak
 
 def test_recover_into_postgres_without_the_enum_type_fails_in_one_line_and_creates_nothing(spark, slake, pg_server):
     import psycopg
+
     from slotlake.recover.point import RecoverError
 
     other = "t_noenum_" + slake.dsn.rsplit("/", 1)[1].split("?")[0][-10:]

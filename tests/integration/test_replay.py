@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -105,7 +105,7 @@ def test_replay_of_each_recorded_range_equals_postgres_at_its_end(spark, pg_db, 
 
     # By time, between the moments phases 1 and 2 were recorded: one table only.
     dest = str(tmp_path / "dest_by_time")
-    since = times[1].astimezone(timezone.utc).replace(tzinfo=None).isoformat()  # naive = UTC
+    since = times[1].astimezone(UTC).replace(tzinfo=None).isoformat()  # naive = UTC
     result = run_replay(spark, cfg, request("src", since, times[2].isoformat(), ["public.acct"], dest))
     assert ends[0] < result.from_lsn < ends[1] < result.to_lsn < ends[2]  # last commits before those moments
     assert [r.table_name for r in result.tables] == ["acct"]

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -58,7 +58,7 @@ def _sql(dsn: str, *statements: str) -> None:
 
 def _server_now(dsn: str) -> datetime:
     with psycopg.connect(dsn) as conn:
-        return conn.execute("SELECT clock_timestamp()").fetchone()[0].astimezone(timezone.utc)
+        return conn.execute("SELECT clock_timestamp()").fetchone()[0].astimezone(UTC)
 
 
 def _sleep_past(dsn: str, moment: datetime) -> None:
@@ -83,7 +83,7 @@ def _runs(env: dict[str, str]) -> list[dict]:
 
 def test_backfill_through_airflow_rebuilds_each_interval(spark, pg_db, tmp_path):
     cfg_path = tmp_path / "slotlake.yaml"
-    today = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
     cfg_path.write_text(yaml.safe_dump({
         "lake": str(tmp_path / "lake"),
         "spark": {"master": "local[2]", "conf": {"spark.sql.shuffle.partitions": "2"}},

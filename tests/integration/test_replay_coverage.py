@@ -8,7 +8,7 @@ PostgreSQL's state, while a point past the coverage still gets the clear error. 
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -18,9 +18,9 @@ from slotlake import bronze
 from slotlake.config import parse_config
 from slotlake.lake import LakePaths
 from slotlake.replay import request
+from slotlake.source.connection import connect
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
-from slotlake.source.connection import connect
 from slotlake.source.slot import slot_info
 from slotlake.spark.decode_job import decode_watermark, run_decode
 from slotlake.spark.merge_job import delta_watermark, run_merge
@@ -70,7 +70,7 @@ def test_replay_to_the_covered_position_and_to_now(spark, pg_db, tmp_path):
         assert slot_info(conn, src.slot).confirmed_flush_lsn == idle.end_lsn
     covered = bronze.covered_lsn(paths.root)
     assert covered == idle.end_lsn and bronze.max_archived_end(paths.root) == archived  # no bronze file for it
-    after_last_commit = datetime.now(timezone.utc) + timedelta(seconds=1)
+    after_last_commit = datetime.now(UTC) + timedelta(seconds=1)
 
     # --to the WAL position when the last syncs started, and --to a time after the last commit: the state now.
     for i, to in enumerate([str(run.upto_lsn), str(covered), after_last_commit.isoformat()]):

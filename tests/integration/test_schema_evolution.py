@@ -97,7 +97,8 @@ def test_ddl_sequence_evolves_gold(spark, pg_db, tmp_path, capture):
     _sql(pg_db, "ALTER TABLE t RENAME a TO a2", "INSERT INTO t VALUES (9, 90, 'b9', 3.5, 'c9')",
          "DELETE FROM t WHERE id = 4",
          "ALTER TABLE t ALTER a2 TYPE bigint, ALTER f TYPE double precision, ALTER b TYPE text",
-         "INSERT INTO t VALUES (10, 5000000000, 'longer than ten', 0.1, 'c10')", "UPDATE t SET a2 = a2 + 1 WHERE id = 5")
+         "INSERT INTO t VALUES (10, 5000000000, 'longer than ten', 0.1, 'c10')",
+         "UPDATE t SET a2 = a2 + 1 WHERE id = 5")
     r2 = _sync(spark, cfg)
     t2 = next(t for t in r2.tables if t.table_name == "t")
     types = {f.name: f.dataType.simpleString() for f in _gold(spark, t_gold).schema.fields}

@@ -298,7 +298,8 @@ def test_table_without_select_right_fails_naming_it(pg_db, pg_server, tmp_path):
 
 def test_spark_visibility_predicate_matches_the_pure_rule(spark):
     from slotlake.lsn import Lsn
-    from slotlake.merge.visibility import CopySnapshot, not_seen_by_copy, seen_by_copy
+    from slotlake.merge.visibility import CopySnapshot, seen_by_copy
+    from slotlake.spark.visibility import not_seen_by_copy
 
     epoch = 7 << 32
     snaps = [CopySnapshot.parse("100:110:102,105", Lsn(5000)),

@@ -18,9 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from oracle import assert_gold_equals_pg  # noqa: E402
-from sparkserver import free_port, spark_server  # noqa: E402
-
 from slotlake.lake import LakePaths  # noqa: E402
+from sparkserver import free_port, spark_server  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -109,5 +108,6 @@ def test_syncs_run_in_the_spark_server_and_fall_back_when_it_is_gone(pg_db, tmp_
         conn.execute("INSERT INTO items VALUES (1000, 'no server')")
         conn.execute("INSERT INTO hist VALUES (3, 'z')")
     log = _sync(cfg)
-    assert f"no slotlake Spark server at 127.0.0.1:{port}" in log and "submitting slotlake-sync-shop" in log, log[-3000:]
+    assert (f"no slotlake Spark server at 127.0.0.1:{port}" in log
+            and "submitting slotlake-sync-shop" in log), log[-3000:]
     _assert_gold(cfg, pg_db)

@@ -13,8 +13,8 @@ from slotlake import delta_log
 from slotlake.cli import COMMANDS, build_parser, one_line
 from slotlake.config import parse_config
 from slotlake.errors import ConfigError
-from slotlake.pipeline import plain
 from slotlake.lsn import Lsn
+from slotlake.pipeline import plain
 from slotlake.spark.submit import code_zip, failure_line, is_local_master, spark_app, spark_submit_command
 
 pytestmark = pytest.mark.unit
@@ -165,7 +165,8 @@ def test_app_with_a_bad_config_says_why_in_one_line_and_exits_1(tmp_path, capsys
     assert failure_line(["noise", err[0]]) == err[0]
 
 
-@pytest.mark.parametrize("master,cores", [("local", 1), ("local[2]", 2), ("local[3,2]", 3), ("local[*]", os.cpu_count()),
+@pytest.mark.parametrize("master,cores", [("local", 1), ("local[2]", 2), ("local[3,2]", 3),
+                                          ("local[*]", os.cpu_count()),
                                           ("spark://m:7077", None), ("yarn", None), ("k8s://https://k:443", None)])
 def test_local_cores(master, cores):
     from slotlake.spark.session import local_cores

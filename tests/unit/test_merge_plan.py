@@ -4,13 +4,31 @@ from __future__ import annotations
 import json
 
 import pytest
-from pyspark.sql.types import (BooleanType, DecimalType, IntegerType, LongType, StringType, StructField, StructType,
-                               TimestampType)
+from pyspark.sql.types import (
+    BooleanType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from slotlake.errors import MergeError
 from slotlake.lsn import Lsn
-from slotlake.merge.plan import (KeyStrategy, TableShape, gold_schema, merge_commit_conf, newest_watermark,
-                                 parse_tables, plan_table, schema_mismatch, stage_metadata, watermark_of)
+from slotlake.merge.plan import (
+    KeyStrategy,
+    TableShape,
+    gold_schema,
+    merge_commit_conf,
+    newest_watermark,
+    parse_tables,
+    plan_table,
+    schema_mismatch,
+    stage_metadata,
+    watermark_of,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -84,7 +84,8 @@ def test_config_tables_take_postgresql_names():
         parse_config({"lake": "/tmp/l", "sources": {"shop": {"dsn": "postgresql://u@h/db",
                                                               "tables": ["public.orders", 'PUBLIC."orders"']}}})
     with pytest.raises(ConfigError, match=r"^sources.shop.tables: 'Sales Dept.x': unexpected 'D'"):
-        parse_config({"lake": "/tmp/l", "sources": {"shop": {"dsn": "postgresql://u@h/db", "tables": ["Sales Dept.x"]}}})
+        parse_config({"lake": "/tmp/l",
+                      "sources": {"shop": {"dsn": "postgresql://u@h/db", "tables": ["Sales Dept.x"]}}})
 
 
 def test_replay_table_arguments_round_trip_through_the_spark_app_arguments():
@@ -142,7 +143,8 @@ def test_gold_tables_decodes_folder_names(tmp_path):
     (tmp_path / "gold" / "public" / "not encoded" / "_delta_log").mkdir(parents=True)  # not slotlake's: skipped
     assert delta_log.gold_tables(str(tmp_path)) == sorted(names)
     for t in delta_log.gold_tables(str(tmp_path)):
-        assert LakePaths(str(tmp_path)).gold(*t) == str(tmp_path / "gold" / path_segment(t.schema) / path_segment(t.name))
+        want = tmp_path / "gold" / path_segment(t.schema) / path_segment(t.name)
+        assert LakePaths(str(tmp_path)).gold(*t) == str(want)
 
 
 @pytest.mark.parametrize("table,folder", [

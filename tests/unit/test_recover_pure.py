@@ -2,7 +2,7 @@
 point, the CREATE TABLE of a historical definition."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 def test_delta_request_and_its_app_arguments():
     req, password = request("shop", "2024-03-01T09:14:00", ["public.orders", "Public.Orders", "b.c"], " /tmp/r ")
     assert password is None and req.target == "delta"
-    assert req.as_of == datetime(2024, 3, 1, 9, 14, tzinfo=timezone.utc)  # no zone: UTC
+    assert req.as_of == datetime(2024, 3, 1, 9, 14, tzinfo=UTC)  # no zone: UTC
     assert req.tables == (TableName("public", "orders"), TableName("b", "c"))  # unquoted names fold; no repeats
     assert req.args() == ["--as-of", "2024-03-01T09:14:00+00:00", "--tables", "public.orders,b.c",
                           "--to-delta", "/tmp/r"]
@@ -85,7 +85,7 @@ def test_create_table_with_key_by_replica_identity():
 
 
 def test_result_round_trips_through_json_form():
-    r = RecoverResult(source="shop", as_of="0/10", lsn=Lsn(16), commit_ts=datetime(2024, 1, 1, tzinfo=timezone.utc),
+    r = RecoverResult(source="shop", as_of="0/10", lsn=Lsn(16), commit_ts=datetime(2024, 1, 1, tzinfo=UTC),
                       target="delta", tables=(RecoveredTable("public.a", 3, "/x/public/a"),))
     assert RecoverResult.from_dict(r.as_dict()) == r
     assert r.lines() == ["recover shop as of 0/10: commit LSN 0/10, commit time 2024-01-01T00:00:00+00:00",
@@ -95,7 +95,8 @@ def test_result_round_trips_through_json_form():
 
 def test_result_says_which_tables_came_from_history():
     r = RecoverResult(source="shop", as_of="0/10", lsn=Lsn(16), commit_ts=None, target="delta",
-                      tables=(RecoveredTable("public.a", 3, "/x/public/a"), RecoveredTable("public.b", 1, "/x/public/b")),
+                      tables=(RecoveredTable("public.a", 3, "/x/public/a"),
+                              RecoveredTable("public.b", 1, "/x/public/b")),
                       from_history=("public.a",))
     assert RecoverResult.from_dict(r.as_dict()) == r and r.as_dict()["from_history"] == ["public.a"]
     assert r.lines()[1:] == ["  public.a: 3 rows -> /x/public/a (from history)", "  public.b: 1 rows -> /x/public/b"]
@@ -157,7 +158,7 @@ def test_undo_sql_without_the_undo_module_says_it_is_not_available(monkeypatch):
 def test_archive_gaps_lie_between_the_old_slots_last_bronze_end_and_each_resync():
     from slotlake.recover.point import archive_gaps
 
-    t0, t1 = datetime(2026, 1, 1, tzinfo=timezone.utc), datetime(2026, 1, 2, tzinfo=timezone.utc)
+    t0, t1 = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 1, 2, tzinfo=UTC)
     ends = [Lsn(150), Lsn(300), Lsn(900)]  # 150, 300: the first slot's files; 900: the second slot's
     # the reach recorded at the resync (an idle extract may have covered past the last bronze file): it counts
     [gap] = archive_gaps(ends, [(Lsn(100), t0, None), (Lsn(500), t1, Lsn(420))])

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -15,7 +15,7 @@ from slotlake.spark.decode_job import files_for_range
 from slotlake.spark.replay_job import base_at
 
 pytestmark = pytest.mark.unit
-UTC = timezone.utc
+UTC = UTC
 
 
 @pytest.mark.parametrize("text,want", [

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -24,7 +24,7 @@ def test_holder_name_says_what_runs_where_within_postgres_limit():
 
 def test_busy_message_is_one_line_naming_holder_and_fix():
     holder = LockHolder(what="slotlake sync shop pid 1234 on host-a",
-                        since=datetime(2026, 11, 23, 11, 50, 2, tzinfo=timezone.utc), backend_pid=777)
+                        since=datetime(2026, 11, 23, 11, 50, 2, tzinfo=UTC), backend_pid=777)
     msg = busy_message(SHOP, holder, 12.4)
     assert msg == ("source shop is being synced by another run: slotlake sync shop pid 1234 on host-a (backend pid "
                    "777, since 2026-11-23T11:50:02+00:00); waited 12 s; wait for it to finish and run again, or "

@@ -2,8 +2,21 @@
 from __future__ import annotations
 
 import pytest
-from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DateType, DecimalType, DoubleType, FloatType,
-                               IntegerType, LongType, ShortType, StringType, TimestampNTZType, TimestampType)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from slotlake.decode.types import ArrayLiteralError, NumericTypmod, parse_array_literal, spark_type
 
@@ -17,15 +30,17 @@ def numeric(p: int, s: int) -> int:
 @pytest.mark.parametrize("oid,typmod,want", [
     (16, -1, BooleanType()), (21, -1, ShortType()), (23, -1, IntegerType()), (20, -1, LongType()),
     (26, -1, LongType()), (700, -1, FloatType()), (701, -1, DoubleType()),
-    (1700, -1, DecimalType(38, 18)), (1700, numeric(10, 2), DecimalType(10, 2)), (1700, numeric(38, 0), DecimalType(38, 0)),
-    (1700, numeric(39, 2), StringType()), (1700, numeric(5, -2), DecimalType(7, 0)), (1700, numeric(3, 5), DecimalType(5, 5)),
+    (1700, -1, DecimalType(38, 18)), (1700, numeric(10, 2), DecimalType(10, 2)),
+    (1700, numeric(38, 0), DecimalType(38, 0)), (1700, numeric(39, 2), StringType()),
+    (1700, numeric(5, -2), DecimalType(7, 0)), (1700, numeric(3, 5), DecimalType(5, 5)),
     (25, -1, StringType()), (1043, 54, StringType()), (1042, 14, StringType()), (19, -1, StringType()),
     (18, -1, StringType()), (17, -1, BinaryType()), (1082, -1, DateType()), (1083, -1, StringType()),
     (1266, -1, StringType()), (1114, -1, TimestampNTZType()), (1184, 3, TimestampType()),
     (1186, -1, StringType()), (2950, -1, StringType()), (114, -1, StringType()), (3802, -1, StringType()),
     (142, -1, StringType()), (869, -1, StringType()), (650, -1, StringType()), (829, -1, StringType()),
     (774, -1, StringType()), (790, -1, StringType()), (424242, -1, StringType()),
-    (1007, -1, ArrayType(IntegerType())), (1009, -1, ArrayType(StringType())), (1231, numeric(6, 1), ArrayType(DecimalType(6, 1))),
+    (1007, -1, ArrayType(IntegerType())), (1009, -1, ArrayType(StringType())),
+    (1231, numeric(6, 1), ArrayType(DecimalType(6, 1))),
     (1185, -1, ArrayType(TimestampType())), (1001, -1, ArrayType(BinaryType())), (3807, -1, ArrayType(StringType())),
 ], ids=lambda v: str(v))
 def test_spark_type(oid, typmod, want):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 
 import pytest
@@ -10,12 +10,20 @@ import pytest
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
 from slotlake.recover.transactions import TransactionList, summarize
-from slotlake.recover.undo import (Column, TableUndo, TransactionRef, key_moves, render_script, sql_literal, type_sql,
-                                   value_text)
+from slotlake.recover.undo import (
+    Column,
+    TableUndo,
+    TransactionRef,
+    key_moves,
+    render_script,
+    sql_literal,
+    type_sql,
+    value_text,
+)
 
 pytestmark = pytest.mark.unit
 
-TS = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
+TS = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
 REF = TransactionRef("src", 777, Lsn.parse("0/1A2B3C"), Lsn.parse("0/1A2B70"), TS)
 
 
@@ -60,7 +68,7 @@ def test_summarize_counts_per_transaction_and_table():
     ]
     got = summarize(rows)
     assert [(t.xid, t.commit_lsn, t.commit_end_lsn) for t in got] == [(8, Lsn(100), Lsn(110)), (9, Lsn(200), Lsn(210))]
-    assert got[0].commit_ts == t1.replace(tzinfo=timezone.utc)
+    assert got[0].commit_ts == t1.replace(tzinfo=UTC)
     assert [c.as_dict() for c in got[0].tables] == [
         {"table": '"Odd"."x y"', "inserted": 0, "updated": 0, "deleted": 4, "truncated": 0},
         {"table": "public.a", "inserted": 5, "updated": 1, "deleted": 0, "truncated": 0}]

@@ -10,6 +10,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
+
 from pgframes import Capture, Frame
 from slotlake.decode.commit_ends import CommitEnds, InFileOrder
 from slotlake.decode.decoded import (

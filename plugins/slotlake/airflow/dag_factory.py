@@ -3,7 +3,8 @@
 `slotlake_sync__<source>`: preflight -> extract -> decode -> merge -> report. preflight, extract and report are
 Python tasks calling `slotlake.pipeline`; decode and merge are `SparkSubmitOperator`s fed with the same
 `SparkApp` the CLI submits (with `spark.server` configured: Python tasks sending that app to the long-lived
-`slotlake spark-server`, `slotlake.spark.server`, as the CLI does). Building a DAG touches no database and starts no Spark: it only reads the config.
+`slotlake spark-server`, `slotlake.spark.server`, as the CLI does). Building a DAG touches no database and starts no
+Spark: it only reads the config.
 When the extract finds nothing due (`slotlake.pending`, in its XCom), decode and merge skip themselves before
 spark-submit (no JVM) and the report still runs; when only the merge is due (a merge that died halfway), only
 the decode is skipped.
@@ -14,9 +15,10 @@ import dataclasses
 import json
 import logging
 import os
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.python import PythonOperator
@@ -156,7 +158,7 @@ def spark_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig, 
 
 
 def _start_date(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=timezone.utc)
+    return datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC)
 
 
 def source_dag_kwargs(cfg: Config, source_name: str, **extra: Any) -> dict[str, Any]:
@@ -204,7 +206,7 @@ def build_sync_dag(cfg: Config, source_name: str) -> DAG:
         merge = spark_task(spark_app(cfg, source_name, "merge"), "merge", conn_id, source, due=merge_due,
                            trigger_rule=TriggerRule.NONE_FAILED)
         extracted = extract()
-        done = report(extracted)
+        done = report(extracted)  # type: ignore[arg-type]  # TaskFlow resolves the XComArg at run time
         preflight() >> extracted >> decode >> merge >> done
     return dag
 

@@ -7,8 +7,9 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from slotlake.errors import SlotlakeError
 from slotlake.spark.session import REPO_ROOT

@@ -15,7 +15,8 @@ task's XCom (`return_value`). The task submits the recover Spark app exactly as 
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from airflow.sdk import DAG, Param, task
 

@@ -1,20 +1,20 @@
 """`slotlake_replay__<source>`: the Airflow backfill target (see slotlake.replay for what a replay does).
 
-One run = one data interval of the source's schedule (hourly by default): the commits with
-`data_interval_start <= commit_ts < data_interval_end` are re-decoded from bronze with the historical catalog and
-the tables rebuilt, in place unless the `dest` Param names a folder (then each run writes the state at its
-interval's end to `<dest>/<interval end as YYYYmmddTHHMMSSZ>/<schema>/<table>`). Runs go in order (`depends_on_past`, one
-active run) and nothing is replayed by the schedule itself: `catchup=False`, and the `gate` task skips runs the
-scheduler creates (run type `scheduled`), so only backfills and manual runs do work: a user picks a date range in the UI's Backfill
-form, or runs `airflow backfill create --dag-id slotlake_replay__<source> --from-date ... --to-date ...`.
+One run = one data interval of the source's schedule (hourly by default): the commits with `data_interval_start <=
+commit_ts < data_interval_end` are re-decoded from bronze with the historical catalog and the tables rebuilt, in
+place unless the `dest` Param names a folder (then each run writes the state at its interval's end to
+`<dest>/<interval end as YYYYmmddTHHMMSSZ>/<schema>/<table>`). Runs go in order (`depends_on_past`, one active run)
+and nothing is replayed by the schedule itself: `catchup=False`, and the `gate` task skips runs the scheduler
+creates (run type `scheduled`), so only backfills and manual runs do work: a user picks a date range in the UI's
+Backfill form, or runs `airflow backfill create --dag-id slotlake_replay__<source> --from-date ... --to-date ...`.
 The single task is a SparkSubmitOperator running `spark_apps/replay.py`, as `slotlake replay` does.
 """
 from __future__ import annotations
 
 import dataclasses
 
-from airflow.sdk.exceptions import AirflowSkipException
 from airflow.sdk import DAG, Param, task
+from airflow.sdk.exceptions import AirflowSkipException
 
 from slotlake.config import Config
 

@@ -55,7 +55,8 @@ def row_of(item: StreamItem) -> tuple:
         return (KIND_TYPE, item.commit_lsn, None, None, None, None, None, t.oid, t.schema, t.name, None, None,
                 None, None, None, None, None, None, None, None, None, item.bronze_file, None)
     if isinstance(item, SeenDdl):
-        return (KIND_DDL, item.commit_lsn, None, item.commit_ts_us, item.xid, None, item.lsn, None, None, None, None, None,
+        return (KIND_DDL, item.commit_lsn, None, item.commit_ts_us, item.xid, None, item.lsn, None, None, None, None,
+                None,
                 None, None, None, None, None, None, None, None, None, item.bronze_file, item.content)
     raise DecodeError(f"unexpected stream item {item!r}")  # pragma: no cover
 

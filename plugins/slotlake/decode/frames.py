@@ -9,10 +9,11 @@ those onto the changes by `commit_lsn` (Spark does that join, spilling to disk a
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 from slotlake.decode.messages import (
+    DDL_MESSAGE_PREFIX,
     UNCHANGED_TOAST,
     Begin,
     Commit,
@@ -29,7 +30,6 @@ from slotlake.decode.messages import (
 from slotlake.decode.pgoutput import decode_message, pg_timestamp_to_unix_us
 from slotlake.errors import DecodeError
 from slotlake.lsn import Lsn
-from slotlake.source.ddl import DDL_MESSAGE_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +109,11 @@ class SeenDdl:
 StreamItem = SilverChange | SeenCommit | SeenRelation | SeenType | SeenDdl
 
 
-def _text_values(values: tuple[Value, ...], row: BronzeRow, what: str) -> tuple[tuple[str | None, ...], tuple[int, ...]]:
+def _text_values(values: tuple[Value, ...], row: BronzeRow,
+                 what: str) -> tuple[tuple[str | None, ...], tuple[int, ...]]:
     """Values as text (None = NULL) and the positions of unchanged-TOAST values."""
     if UNCHANGED_TOAST not in values and bytes not in map(type, values):
-        return values, ()  # the usual case, checked at C speed: all text or NULL  # type: ignore[return-value]
+        return values, ()  # type: ignore[return-value]  # the usual case, checked at C speed: all text or NULL
     out: list[str | None] = []
     unchanged: list[int] = []
     for i, v in enumerate(values):
@@ -160,7 +161,7 @@ class ChangeStreamDecoder:
             yield self._change(row, msg)  # type: ignore[arg-type]
         elif kind is Begin:
             if self._begin is not None:
-                raise self._error(row, f"Begin of xid {msg.xid} inside transaction {self._begin.xid}")
+                raise self._error(row, f"Begin of xid {msg.xid} inside transaction {self._begin.xid}")  # type: ignore[union-attr]
             self._begin = msg  # type: ignore[assignment]
             self._seq = 0
         elif kind is Commit:
@@ -173,9 +174,9 @@ class ChangeStreamDecoder:
             self._begin = None
         elif kind is Relation:
             begin = self._require_txn(row)
-            self._relations[msg.oid] = msg  # type: ignore[union-attr]
+            self._relations[msg.oid] = msg  # type: ignore[union-attr,assignment]
             if self._emitted.get(msg.oid) != msg:  # type: ignore[union-attr]
-                self._emitted[msg.oid] = msg  # type: ignore[union-attr,index]
+                self._emitted[msg.oid] = msg  # type: ignore[union-attr,assignment]
                 yield SeenRelation(commit_lsn=begin.final_lsn.value, lsn=row.lsn, relation=msg, bronze_file=row.file)  # type: ignore[arg-type]
         elif kind is Type:
             begin = self._require_txn(row)
@@ -237,6 +238,7 @@ class ChangeStreamDecoder:
         rel = self._relation(row, msg.relation_oid)
         old_kind = old = new = None
         unchanged: tuple[int, ...] = ()
+        old_values: tuple[Value, ...] | None
         if isinstance(msg, Delete):
             op, old_kind = "D", msg.old_kind
             old_values = msg.old

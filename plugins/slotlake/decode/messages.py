@@ -9,6 +9,9 @@ from enum import Enum
 
 from slotlake.lsn import Lsn
 
+DDL_MESSAGE_PREFIX = "slotlake.ddl"
+"""The prefix of slotlake's DDL events (a transactional logical Message, written by sql/ddl_capture.sql)."""
+
 
 class ReplicaIdentity(str, Enum):
     DEFAULT = "d"  # key columns of the primary key

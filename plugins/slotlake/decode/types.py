@@ -16,12 +16,28 @@ stay strings: PostgreSQL's text form is lossless.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from pyspark.sql.types import (ArrayType, BinaryType, BooleanType, DataType, DateType, DecimalType, DoubleType,
-                               FloatType, IntegerType, LongType, ShortType, StringType, StructField, StructType,
-                               TimestampNTZType, TimestampType)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
 JSON, XML, FLOAT4, FLOAT8, MONEY, MACADDR, INET, CIDR = 114, 142, 700, 701, 790, 829, 869, 650
@@ -98,7 +114,9 @@ def spark_type(type_oid: int, typmod: int, unconstrained_numeric: str = DECIMAL)
     if type_oid == FLOAT8:
         return DoubleType()
     if type_oid == NUMERIC:
-        return StringType() if _numeric_as_text(typmod, unconstrained_numeric) else _numeric_decimal(typmod)
+        if _numeric_as_text(typmod, unconstrained_numeric):
+            return StringType()
+        return cast(DecimalType, _numeric_decimal(typmod))  # not None: not kept as text
     if type_oid == BYTEA:
         return BinaryType()
     if type_oid == DATE:
@@ -125,7 +143,7 @@ def _numeric_value(text: Column, typmod: int, unconstrained_numeric: str) -> tup
     if _numeric_as_text(typmod, unconstrained_numeric):
         # PostgreSQL's text is exact: every digit, the scale it printed, NaN, Infinity, -Infinity.
         return text, F.lit(None).cast("string")
-    dtype = _numeric_decimal(typmod)
+    dtype = cast(DecimalType, _numeric_decimal(typmod))  # not None: not kept as text
     special = text.isin("NaN", "Infinity", "-Infinity")
     if dtype == _UNCONSTRAINED_NUMERIC and NumericTypmod.of(typmod).precision is None:
         # Unconstrained numeric: anything with more than 20 integer digits or a non-zero digit past the 18th
@@ -171,7 +189,8 @@ def _scalar_value(text: Column, type_oid: int, typmod: int, unconstrained_numeri
                           F.coalesce(F.nullif(F.regexp_extract(text, m, 4), F.lit("")), F.lit(":00")),
                           F.regexp_extract(text, m, 5))
         value = F.when(text.rlike(m), normal.try_cast(dtype))
-        return value, _reason_when(text, value.isNull(), "not a timestamptz Spark can hold (0001..9999, no infinity/BC)")
+        return value, _reason_when(text, value.isNull(),
+                                   "not a timestamptz Spark can hold (0001..9999, no infinity/BC)")
     if isinstance(dtype, StringType):
         return text, none
     raise AssertionError(f"no conversion for type {type_oid}")  # spark_type and this function disagree

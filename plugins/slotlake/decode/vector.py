@@ -249,6 +249,7 @@ class BatchDecoder:
         base = np.concatenate([[-state._seq], nx[b_rows]])
         seq_all = nx - 1 - base[txn]
         # The state after the run: the open transaction (if any) and its change count, as the reference keeps them.
+        begin: Begin | None
         if len(marks) and t[marks[-1]] == _B:
             begin = Begin(final_lsn=Lsn(int(b_lsn[-1])), commit_ts_us=int(b_ts[-1]), xid=int(b_xid[-1]))
         else:

@@ -14,11 +14,11 @@ into the text value PostgreSQL gave the existing rows, when it is a constant.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from pyspark.sql.types import (ByteType, DataType, DecimalType, DoubleType, FloatType, IntegerType, LongType,
-                               ShortType)
+from pyspark.sql.types import ByteType, DataType, DecimalType, DoubleType, FloatType, IntegerType, LongType, ShortType
 
 from slotlake.decode.types import DECIMAL, NUMERIC, STRING, NumericTypmod, spark_type
 from slotlake.errors import MergeError
@@ -69,7 +69,7 @@ class Evolution:
         return bool(self.adds or self.renames or self.widen or self.drops)
 
 
-_INTEGRAL = {ByteType(): 1, ShortType(): 2, IntegerType(): 3, LongType(): 4}
+_INTEGRAL: dict[DataType, int] = {ByteType(): 1, ShortType(): 2, IntegerType(): 3, LongType(): 4}
 
 
 def holds(wide: DataType, narrow: DataType) -> bool:
@@ -150,13 +150,11 @@ def plan_evolution(table: str, start: Sequence[tuple[str, DataType]] | None,
             live[n] = len(cols)
             cols.append(n)
             types.append(spark_type(o, m, unconstrained_numeric(n)))
-        start_names: set[str] = set(cols)
     else:
         for n, t in start:
             live[n] = len(cols)
             cols.append(n)
             types.append(t)
-        start_names = set(cols)
     start_types = list(types)
     renames: list[tuple[str, str]] = []
     added_at: dict[int, int] = {}  # gold index -> layout index it first appears in
@@ -205,7 +203,7 @@ def plan_evolution(table: str, start: Sequence[tuple[str, DataType]] | None,
                         "`slotlake resync <source>` (a new initial copy), or replay it into a new Delta table with "
                         f"`slotlake replay <source> --table {table} --from {_lsn(lsn)} --to <LSN> --dest <path>`")
                 types[gi] = t
-        for n, gi in list(live.items()):
+        for gi in list(live.values()):
             if gi not in pos:
                 dropped.setdefault(gi, k)
         live = {cols[gi]: gi for gi in pos}
@@ -219,7 +217,8 @@ def plan_evolution(table: str, start: Sequence[tuple[str, DataType]] | None,
     key_ids = {tuple(sorted(next(gi for gi, p in layout_pos[k].items() if shapes[k].columns[p] == c)
                             for c in s.key_columns)) for k, s in enumerate(shapes)}
     if len(key_ids) > 1 and shapes[0].replica_identity in ("d", "i"):
-        raise MergeError(f"{table}: the replica identity key changes within one run ({[list(s.key_columns) for s in shapes]}); "
+        raise MergeError(f"{table}: the replica identity key changes within one run "
+                         f"({[list(s.key_columns) for s in shapes]}); "
                          "resync the table (`slotlake resync <source>`)")
     notes: list[str] = []
     adds: list[AddedColumn] = []
@@ -228,13 +227,13 @@ def plan_evolution(table: str, start: Sequence[tuple[str, DataType]] | None,
         name = cols[gi]
         existing: str | None = None
         note = None
-        ev = by_add.get(name)
-        if ev is not None:
-            const, value = constant_default(ev.default)
+        added = by_add.get(name)
+        if added is not None:
+            const, value = constant_default(added.default)
             if const:
                 existing = value
             else:
-                note = (f"{table}.{name} was added with the non-constant default {ev.default}: PostgreSQL rewrote "
+                note = (f"{table}.{name} was added with the non-constant default {added.default}: PostgreSQL rewrote "
                         "the table with a value per row, which logical decoding does not stream; rows that existed "
                         "then have NULL in gold; resync the table for the real values")
         elif not ddl_capture:
@@ -273,14 +272,14 @@ def _lsn(value: int) -> str:
     return str(Lsn(value))
 
 
-def column_events(definitions: Sequence[tuple[int, "TableDef"]], schema: str, table: str) -> list[ColumnHistoryEvent]:
+def column_events(definitions: Sequence[tuple[int, TableDef]], schema: str, table: str) -> list[ColumnHistoryEvent]:
     """Renames and adds of `schema.table` from its full definitions over time ((commit LSN, TableDef): the bootstrap
     read and the DDL events), told apart by attnum: same attnum with a new name is a rename, a new attnum an add."""
     oids = {d.oid for _, d in definitions if d.schema == schema and d.name == table}
     out: list[ColumnHistoryEvent] = []
     for oid in oids:
         prev = None
-        for lsn, d in sorted(((l, d) for l, d in definitions if d.oid == oid), key=lambda x: x[0]):
+        for lsn, d in sorted(((at, d) for at, d in definitions if d.oid == oid), key=lambda x: x[0]):
             if prev is None:  # no earlier definition to compare with: what it says of each column
                 out += [ColumnHistoryEvent(lsn, "seen", c.name, default=c.default) for c in d.replicated_columns]
             else:

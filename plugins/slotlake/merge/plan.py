@@ -7,12 +7,21 @@ the merge an idempotent, watermarked commit (DESIGN.md invariant 4).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Iterable
+from typing import Any
 
-from pyspark.sql.types import (BooleanType, DataType, IntegerType, LongType, StringType, StructField, StructType,
-                               TimestampType)
+from pyspark.sql.types import (
+    BooleanType,
+    DataType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from slotlake.decode.types import DECIMAL, spark_type
 from slotlake.errors import ConfigError, MergeError
@@ -101,6 +110,7 @@ def plan_table(shape: TableShape, delete_mode: str,
     if reserved:
         raise MergeError(f"{shape.qualified}: column(s) {reserved} use the reserved prefix _slotlake_; rename them")
     ri = shape.replica_identity
+    keys: tuple[int, ...]
     if ri == "f":
         strategy, keys = KeyStrategy.FULL_ROW, ()
     elif ri == "n":
@@ -108,7 +118,8 @@ def plan_table(shape: TableShape, delete_mode: str,
     elif ri in ("d", "i"):
         missing = [k for k in shape.key_columns if k not in shape.columns]
         if missing:
-            raise MergeError(f"{shape.qualified}: key columns {missing} are not among the columns {list(shape.columns)}")
+            raise MergeError(
+                f"{shape.qualified}: key columns {missing} are not among the columns {list(shape.columns)}")
         if not shape.key_columns and not keyless_appends:
             raise MergeError(
                 f"{shape.qualified}: replica identity {'DEFAULT' if ri == 'd' else 'USING INDEX'} but no key column "
@@ -148,7 +159,8 @@ def history_schema(gold: StructType) -> StructType:
     then the version columns. Gold's `_slotlake_lsn`/`_commit_ts`/`_deleted` are what the version columns say."""
     fields = [f for f in gold.fields if not f.name.startswith("_slotlake_") or f.name == DUP_COL]
     fields += [StructField(VALID_FROM_LSN_COL, LongType(), False), StructField(VALID_TO_LSN_COL, LongType(), True),
-               StructField(VALID_FROM_TS_COL, TimestampType(), True), StructField(VALID_TO_TS_COL, TimestampType(), True),
+               StructField(VALID_FROM_TS_COL, TimestampType(), True),
+               StructField(VALID_TO_TS_COL, TimestampType(), True),
                StructField(OP_COL, StringType(), False)]
     return StructType(fields)
 

@@ -15,20 +15,18 @@ xids within 2^31 of the snapshot. It is made exact for the rest by `lsn_after`: 
 after the snapshot was taken. A transaction the snapshot saw wrote its commit record before that, so any change
 with `commit_lsn >= lsn_after` is applied without looking at its xid; only transactions committed before the copy
 (a short window of xids near the snapshot) go through the xid test.
+
+The same rule as a Spark predicate, for the merge: `slotlake.spark.visibility.not_seen_by_copy`.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from slotlake.lsn import Lsn
 
-if TYPE_CHECKING:
-    from pyspark.sql import Column
-
-_XID_MOD = 1 << 32
-_HALF = 1 << 31
+XID_MOD = 1 << 32
+XID_HALF = 1 << 31
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,7 @@ def xid32(xid8: int) -> int:
 
 def _precedes(a: int, b: int) -> bool:
     """PostgreSQL's TransactionIdPrecedes for normal 32-bit xids: a < b modulo 2^32."""
-    return (a - b) % _XID_MOD >= _HALF
+    return (a - b) % XID_MOD >= XID_HALF
 
 
 def seen_by_copy(xid: int, commit_lsn: Lsn | int, snap: CopySnapshot) -> bool:
@@ -82,16 +80,3 @@ def seen_by_copy(xid: int, commit_lsn: Lsn | int, snap: CopySnapshot) -> bool:
         return False
     return xid not in {xid32(x) for x in snap.xip}
 
-
-def not_seen_by_copy(snap: CopySnapshot, xid: str = "xid", commit_lsn: str = "commit_lsn") -> Column:
-    """Spark predicate: the change's transaction is NOT in the copy (apply it). Same rule as `seen_by_copy`."""
-    from pyspark.sql import functions as F
-
-    x = F.col(xid)
-
-    def precedes(b: int) -> Column:
-        return F.pmod(x - F.lit(b), F.lit(_XID_MOD)) >= F.lit(_HALF)
-
-    running = F.lit(False) if not snap.xip else x.isin([xid32(v) for v in snap.xip])
-    seen = precedes(xid32(snap.xmin)) | (precedes(xid32(snap.xmax)) & ~running)
-    return (F.col(commit_lsn) >= F.lit(int(snap.lsn_after))) | ~seen

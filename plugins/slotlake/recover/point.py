@@ -22,9 +22,10 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from slotlake.catalog import CatalogVersion
 from slotlake.config import Config

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 from psycopg import sql
 
@@ -43,8 +44,9 @@ class TableLoad:
 def _connect(conninfo: str, password: str | None = None):
     import psycopg
 
-    kwargs = {"password": password} if password is not None else {}
-    return psycopg.connect(conninfo, options="-c TimeZone=UTC", **kwargs)
+    if password is not None:
+        return psycopg.connect(conninfo, options="-c TimeZone=UTC", password=password)
+    return psycopg.connect(conninfo, options="-c TimeZone=UTC")
 
 
 def refuse_existing(conninfo: str, password: str | None, names: Sequence[TableName]) -> None:
@@ -162,7 +164,8 @@ def _copy(conn, into: TableName, columns: list[str], rows: Iterable[Sequence[Any
             copy.write_row(row)
             n += 1
             if n % _PROGRESS_ROWS == 0:
-                log.info("recover: %s: %d rows copied (%.0f rows/s)", into, n, n / max(time.monotonic() - started, 1e-9))
+                log.info("recover: %s: %d rows copied (%.0f rows/s)", into, n,
+                         n / max(time.monotonic() - started, 1e-9))
     log.info("recover: %s: %d rows copied in %.1fs", into, n, time.monotonic() - started)
     return n
 

@@ -13,9 +13,10 @@ one counter per (transaction, table).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 from slotlake.config import Config
 from slotlake.errors import SlotlakeError
@@ -116,7 +117,7 @@ def summarize(rows: Iterable[dict[str, Any]], tables: Sequence[TableName] | None
 
 
 def _utc(ts: datetime) -> datetime:
-    return ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts.astimezone(timezone.utc)
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
 def delta_rs_uri(path: str) -> str:
@@ -180,7 +181,7 @@ def list_transactions(cfg: Config, source: str, from_: str, to: str,
             else ds.field("commit_lsn") > min(int(lo), _MAX_LONG)) & (ds.field("commit_lsn") <= top)
     if names:
         cond = cond & ds.field("table_name").isin(sorted({n.name for n in names}))
-    grouped = []
+    grouped: list = []
     for batch in dataset.to_batches(columns=_COLUMNS, filter=cond):
         if batch.num_rows == 0:
             continue

@@ -28,10 +28,11 @@ import math
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Any, Sequence
+from typing import Any
 
 from slotlake.config import Config
 from slotlake.errors import SlotlakeError
@@ -165,10 +166,14 @@ def plan_statements(ref: TransactionRef, t: TableUndo) -> tuple[list[str], list[
     name = _table_sql(t.table)
     since = f"since transaction {ref.xid} (commit {ref.commit_lsn})"
     nothing = "; nothing was undone (the transaction is rolled back)"
-    checks, deletes, updates, inserts = [], [], [], []
+    checks: list[str] = []
+    deletes: list[str] = []
+    updates: list[str] = []
+    inserts: list[str] = []
     if not t.key:  # FULL: rows are values; duplicates count
         distinct: dict[tuple[str, ...], dict[str, Any]] = {}
-        removed, added = Counter(), Counter()
+        removed: Counter = Counter()
+        added: Counter = Counter()
         for rows, counter in ((t.removed, removed), (t.added, added)):
             for r in rows:
                 k = _row_key(t, r)
@@ -262,7 +267,10 @@ def _dollar_tag(body: str) -> str:
 
 def render_script(ref: TransactionRef, tables: Sequence[TableUndo]) -> str:
     """The undo script: one transaction that checks every row, then reverts it. Pure."""
-    checks, deletes, updates, inserts = [], [], [], []
+    checks: list[str] = []
+    deletes: list[str] = []
+    updates: list[str] = []
+    inserts: list[str] = []
     summary = []
     for t in sorted(tables, key=lambda x: x.table):
         c, d, u, i = plan_statements(ref, t)
@@ -315,7 +323,7 @@ def find_transaction(cfg: Config, source: str, xid: int | None = None,
     if (xid is None) == (commit_lsn is None):
         raise UndoError("give exactly one of --xid N and --commit-lsn L (see `slotlake transactions`)")
     dataset = open_silver(cfg, source).to_pyarrow_dataset()
-    cond = ds.field("xid") == xid if xid is not None else ds.field("commit_lsn") == int(commit_lsn)
+    cond = ds.field("xid") == xid if xid is not None else ds.field("commit_lsn") == int(commit_lsn)  # type: ignore[arg-type]
     rows = dataset.to_table(columns=_TX_COLUMNS, filter=cond).to_pylist()
     what = f"xid {xid}" if xid is not None else f"commit LSN {commit_lsn}"
     if not rows:
@@ -328,7 +336,7 @@ def find_transaction(cfg: Config, source: str, xid: int | None = None,
     first = min(rows, key=lambda r: r["seq"])
     ts = first["commit_ts"]
     ref = TransactionRef(source, int(first["xid"]), Lsn(first["commit_lsn"]), Lsn(first["commit_end_lsn"]),
-                         ts.replace(tzinfo=timezone.utc) if ts.tzinfo is None else ts)
+                         ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts)
     truncated = sorted({str(TableName(r["schema_name"], r["table_name"])) for r in rows if r["op"] == "T"})
     if truncated:
         raise UndoError(f"transaction {ref.xid} ({ref.commit_lsn}) truncated {', '.join(truncated)}: a TRUNCATE "
@@ -351,7 +359,7 @@ def find_transaction(cfg: Config, source: str, xid: int | None = None,
     for oid, t in touched.items():
         at = [t.columns.index(c) for c in t.key_columns]
 
-        def key(values: list[str | None] | None) -> KeyText | None:
+        def key(values: list[str | None] | None, at: list[int] = at) -> KeyText | None:
             return None if values is None else tuple(values[i] for i in at)
 
         changes = [(r["op"], key(r["old"]), key(r["new"])) for r in sorted(rows, key=lambda r: r["seq"])

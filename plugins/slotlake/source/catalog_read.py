@@ -16,7 +16,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -110,7 +110,7 @@ def _read(conn: psycopg.Connection, tables: list[str] | None) -> list[tuple[Tabl
         # Pin search_path as sql/ddl_capture.sql does, so format_type/pg_get_expr qualify names identically;
         # restored below because SET LOCAL inside a savepoint would outlive it in the caller's transaction.
         cur.execute("SELECT current_setting('search_path')")
-        old_path = cur.fetchone()[0]
+        old_path = cur.fetchone()[0]  # type: ignore[index]  # SELECT current_setting(...) returns one row
         cur.execute("SELECT set_config('search_path', 'pg_catalog, pg_temp', true)")
         cur.execute(_TABLE_DEFS, params)
         rows = cur.fetchall()
@@ -168,7 +168,7 @@ def archive_bootstrap(conn: psycopg.Connection, lake_root: str, tables: list[str
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{lsn.hex16}.json"
     tmp = folder / f".{final.name}.tmp"
-    doc = {"format": BOOTSTRAP_FORMAT, "lsn": str(lsn), "read_at": datetime.now(timezone.utc).isoformat(),
+    doc = {"format": BOOTSTRAP_FORMAT, "lsn": str(lsn), "read_at": datetime.now(UTC).isoformat(),
            "publish_generated_columns": generated_published, "tables": [obj for _, obj in rows]}
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(doc, f, sort_keys=True)

@@ -83,8 +83,8 @@ def session_dsn(dsn: str) -> str:
         query.append(("options", f"{existing} {_OPTIONS}".strip()))
         return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query, quote_via=quote),
                            parts.fragment))
-    existing = conninfo.conninfo_to_dict(dsn).get("options") or ""
-    return conninfo.make_conninfo(dsn, options=f"{existing} {_OPTIONS}".strip())
+    options = str(conninfo.conninfo_to_dict(dsn).get("options") or "")
+    return conninfo.make_conninfo(dsn, options=f"{options} {_OPTIONS}".strip())
 
 
 def connect(source: SourceConfig, *, autocommit: bool = True) -> psycopg.Connection:
@@ -112,3 +112,16 @@ def connect_bulk(source: SourceConfig):  # -> adbc_driver_postgresql.dbapi.Conne
             f"source {source.name}: cannot open the bulk (ADBC) connection to {redact(dsn)}: "
             f"{scrub(str(e), dsn)}"
         ) from None
+
+
+def one_row(conn: psycopg.Connection, query, params=None) -> tuple:
+    """The first row of a query that always returns one (SHOW, SELECT f()); a clear error if it returned none."""
+    row = conn.execute(query, params).fetchone()
+    if row is None:
+        raise RuntimeError(f"PostgreSQL returned no row for {query!r}; check the server and the role's privileges")
+    return row
+
+
+def scalar(conn: psycopg.Connection, query, params=None):
+    """The first column of `one_row`."""
+    return one_row(conn, query, params)[0]

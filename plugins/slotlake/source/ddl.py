@@ -25,8 +25,6 @@ if TYPE_CHECKING:  # psycopg is not needed to parse events (Spark executors)
 
 log = logging.getLogger(__name__)
 
-DDL_MESSAGE_PREFIX = "slotlake.ddl"
-"""The logical message prefix of DDL events (pgoutput Message.prefix)."""
 
 FORMAT_VERSION = 1
 """The JSON format version this parser reads (the `version` key written by sql/ddl_capture.sql)."""
@@ -229,7 +227,8 @@ def parse_ddl_event(content: bytes | memoryview) -> DdlEvent:
     if event == "error":
         err = r.get(obj, "error", dict)
         q = _Reader("error")
-        error = f"{q.get(err, 'sqlstate', str, optional=True) or '?'}: {q.get(err, 'message', str, optional=True) or ''}"
+        error = (f"{q.get(err, 'sqlstate', str, optional=True) or '?'}: "
+                 f"{q.get(err, 'message', str, optional=True) or ''}")
     return DdlEvent(
         version=version, event=event, command_tag=r.get(obj, "command_tag", str),
         query=r.get(obj, "query", str, optional=True),

@@ -22,16 +22,16 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterator
 
 import psycopg
 
 from slotlake.config import SourceConfig
 from slotlake.errors import SourceBusyError
-from slotlake.source.connection import connect
+from slotlake.source.connection import connect, scalar
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def holder_name(what: str, source: str) -> str:
 
 
 def _try_lock(conn: psycopg.Connection, slot: str) -> bool:
-    return bool(conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (LOCK_CLASS, slot)).fetchone()[0])
+    return bool(scalar(conn, "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (LOCK_CLASS, slot)))
 
 
 def lock_holder(conn: psycopg.Connection, slot: str) -> LockHolder | None:

@@ -17,10 +17,18 @@ from slotlake.config import Config, SourceConfig
 from slotlake.errors import PreflightError, SlotLostError
 from slotlake.names import TableName
 from slotlake.source.catalog_read import generated_published, list_bootstrap
-from slotlake.source.connection import connect, redact, resolve_dsn
+from slotlake.source.connection import connect, one_row, redact, resolve_dsn, scalar
 from slotlake.source.extract import origin_option
-from slotlake.source.slot import (PLUGIN, SlotInfo, current_wal_lsn, format_seconds, idle_slot_timeout,
-                                  lost_slot_message, server_version_num, slot_info)
+from slotlake.source.slot import (
+    PLUGIN,
+    SlotInfo,
+    current_wal_lsn,
+    format_seconds,
+    idle_slot_timeout,
+    lost_slot_message,
+    server_version_num,
+    slot_info,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +69,10 @@ def _table_ident(name: str) -> sql.Composable:
 
 def _check_server(conn: psycopg.Connection, source: SourceConfig) -> tuple[str, int]:
     version = server_version_num(conn)
-    text = conn.execute("SHOW server_version").fetchone()[0]
+    text = scalar(conn, "SHOW server_version")
     if version < MIN_SERVER_VERSION:
         raise PreflightError(f"source {source.name}: PostgreSQL {text} is too old; slotlake needs 14 or newer")
-    wal_level = conn.execute("SHOW wal_level").fetchone()[0]
+    wal_level = scalar(conn, "SHOW wal_level")
     if wal_level != "logical":
         raise PreflightError(f"source {source.name}: wal_level is {wal_level!r}; logical decoding needs "
                              "wal_level=logical: set wal_level=logical (ALTER SYSTEM SET wal_level = logical) "
@@ -73,8 +81,9 @@ def _check_server(conn: psycopg.Connection, source: SourceConfig) -> tuple[str, 
 
 
 def _check_role(conn: psycopg.Connection, source: SourceConfig) -> str:
-    user, replication, superuser = conn.execute(
-        "SELECT rolname, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()
+    user, replication, superuser = one_row(
+        conn,
+        "SELECT rolname, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user")
     if not (replication or superuser):
         raise PreflightError(f"source {source.name}: role {user} may not use replication slots; "
                              f"run ALTER ROLE {user} REPLICATION (as a superuser), or connect as a role that has it")
@@ -94,6 +103,14 @@ def _publication(conn: psycopg.Connection, name: str) -> tuple[bool, list[str]] 
         "JOIN pg_class c ON c.oid = r.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE p.pubname = %s ORDER BY 1, 2", (name,))]
     return row[0], tables + [m for m in members if m not in tables]
+
+
+def _published(conn: psycopg.Connection, name: str) -> list[str]:
+    """The tables of a publication known to exist (`_publication`'s second half)."""
+    found = _publication(conn, name)
+    if found is None:
+        raise PreflightError(f"publication {name} was dropped while preflight ran; run the sync again")
+    return found[1]
 
 
 def _table_info(conn: psycopg.Connection, source: SourceConfig, name: str, user: str, *,
@@ -139,21 +156,22 @@ def _ensure_publication(conn: psycopg.Connection, source: SourceConfig) -> tuple
     if existing is None and not source.tables:
         return _create_every_table_publication(conn, source), True, (), warnings
     if existing is None:
+        listed = source.tables or ()
         stmt = sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(
-            sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in source.tables),
+            sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in listed),
             sql.SQL(publication_options(server_version_num(conn))))
         try:
             conn.execute(stmt)
         except psycopg.errors.InsufficientPrivilege as e:
             raise PreflightError(f"source {source.name}: cannot create publication {pub}: {e.diag.message_primary}; "
                                  f"ask a table owner or superuser to run: {stmt.as_string(conn)}") from None
-        log.info("source %s: created publication %s for %s", source.name, pub, ", ".join(source.tables))
-        return list(source.tables), True, (), warnings
+        log.info("source %s: created publication %s for %s", source.name, pub, ", ".join(listed))
+        return list(listed), True, (), warnings
     all_tables, published = existing
     if not source.tables:
         if source.schemas and not all_tables:
             _add_schemas(conn, source)
-            published = _publication(conn, pub)[1]
+            published = _published(conn, pub)
         elif not published and not all_tables and not source.insert_only:
             raise PreflightError(f"source {source.name}: publication {pub} has no tables; add tables to it "
                                  f"(ALTER PUBLICATION {pub} ADD TABLE ...) or set sources.{source.name}.tables")
@@ -208,7 +226,7 @@ def _create_every_table_publication(conn: psycopg.Connection, source: SourceConf
                              "(a publication for listed tables needs only ownership of them)") from None
     log.info("source %s: created publication %s %s", source.name, pub,
              "for schemas " + ", ".join(source.schemas) if source.schemas else "for all tables")
-    return [t for t in _publication(conn, pub)[1] if source.syncs(t)]
+    return [t for t in _published(conn, pub) if source.syncs(t)]
 
 
 def _add_schemas(conn: psycopg.Connection, source: SourceConfig) -> None:
@@ -251,14 +269,14 @@ def _ensure_insert_only_publication(conn: psycopg.Connection, cfg: Config, sourc
         created = True
     else:
         if row[0] or not row[1]:
-            stmt = sql.SQL("ALTER PUBLICATION {} SET (publish = 'insert, truncate', "
-                           "publish_via_partition_root = true)").format(sql.Identifier(pub)).as_string(conn)
+            fix = sql.SQL("ALTER PUBLICATION {} SET (publish = 'insert, truncate', "
+                          "publish_via_partition_root = true)").format(sql.Identifier(pub)).as_string(conn)
             raise PreflightError(f"source {source.name}: publication {pub} (for sources.{source.name}.insert_only) "
                                  "must publish inserts and truncates only, under the partition root's name; "
-                                 f"run: {stmt}")
+                                 f"run: {fix}")
         if snapshot.publication_pending(root, source.slot, pub):
             snapshot.record_publication_start(conn, root, source, pub)
-        published = _publication(conn, pub)[1]
+        published = _published(conn, pub)
         missing = [t for t in source.insert_only if t not in published]
         if not missing:
             return False
@@ -340,7 +358,7 @@ def _check_slot(conn: psycopg.Connection, cfg: Config, source: SourceConfig) -> 
         info = slot_info(conn, source.slot)
         assert info is not None
         return info, True
-    database = conn.execute("SELECT current_database()").fetchone()[0]
+    database = scalar(conn, "SELECT current_database()")
     if info.slot_type != "logical" or info.plugin != PLUGIN:
         raise PreflightError(f"source {source.name}: slot {source.slot} exists but is a {info.slot_type} slot with "
                              f"plugin {info.plugin!r}, not a logical pgoutput slot; set sources.{source.name}.slot "
@@ -373,19 +391,19 @@ def run_preflight(cfg: Config, source: SourceConfig) -> PreflightReport:
         infos = tuple(_table_info(conn, source, t, user, refuse_keyless=not source.keyless_appends(t))
                       for t in tables)
         _check_partition_root(conn, source, infos)
-        for t in infos:
-            if t.replica_identity == "n":
-                warnings.append(f"{t.name} has REPLICA IDENTITY NOTHING: it is synced insert-only (PostgreSQL "
+        for info in infos:
+            if info.replica_identity == "n":
+                warnings.append(f"{info.name} has REPLICA IDENTITY NOTHING: it is synced insert-only (PostgreSQL "
                                 "rejects its updates and deletes while the publication publishes them)")
-            elif t.replica_identity in ("d", "i") and not t.key_columns and t.name not in source.insert_only:
+            elif info.replica_identity in ("d", "i") and not info.key_columns and info.name not in source.insert_only:
                 warnings.append(
-                    f"{t.name} has no primary key (REPLICA IDENTITY {_IDENTITY_NAMES[t.replica_identity]}): "
+                    f"{info.name} has no primary key (REPLICA IDENTITY {_IDENTITY_NAMES[info.replica_identity]}): "
                     f"PostgreSQL rejects UPDATE and DELETE on it while publication {source.publication} publishes "
                     f"them, so it is synced as appends; if the application updates or deletes its rows, run "
-                    f"ALTER TABLE {t.name} REPLICA IDENTITY FULL (or add a primary key); if it only inserts, list "
+                    f"ALTER TABLE {info.name} REPLICA IDENTITY FULL (or add a primary key); if it only inserts, list "
                     f"it in sources.{source.name}.insert_only")
-            elif t.key_columns and t.name in source.insert_only and source.tables:
-                warnings.append(f"{t.name} has a key but is listed in insert_only: only its inserts and truncates "
+            elif info.key_columns and info.name in source.insert_only and source.tables:
+                warnings.append(f"{info.name} has a key but is listed in insert_only: only its inserts and truncates "
                                 f"are published, so its updates and deletes never reach gold; move it to "
                                 f"sources.{source.name}.tables")
         slot, slot_created = _check_slot(conn, cfg, source)

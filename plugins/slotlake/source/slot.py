@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import psycopg
 
 from slotlake.lsn import Lsn
+from slotlake.source.connection import scalar
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class SlotInfo:
 
 
 def server_version_num(conn: psycopg.Connection) -> int:
-    return int(conn.execute("SHOW server_version_num").fetchone()[0])
+    return int(scalar(conn, "SHOW server_version_num"))
 
 
 def _lsn(value: object) -> Lsn | None:
@@ -78,8 +79,7 @@ def idle_slot_timeout(conn: psycopg.Connection) -> int | None:
     """
     if server_version_num(conn) < 180000:
         return None
-    return int(conn.execute("SELECT setting FROM pg_settings WHERE name = 'idle_replication_slot_timeout'")
-               .fetchone()[0])
+    return int(scalar(conn, "SELECT setting FROM pg_settings WHERE name = 'idle_replication_slot_timeout'"))
 
 
 def format_seconds(seconds: int) -> str:
@@ -108,8 +108,7 @@ def lost_slot_message(info: SlotInfo, source_name: str, idle_timeout: int | None
 
 def create_slot(conn: psycopg.Connection, slot: str) -> Lsn:
     """Create a logical slot with pgoutput in the connection's database; returns its consistent point."""
-    row = conn.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)", (slot, PLUGIN)).fetchone()
-    lsn = Lsn.parse(row[0])
+    lsn = Lsn.parse(scalar(conn, "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)", (slot, PLUGIN)))
     log.info("created replication slot %s (pgoutput) at %s", slot, lsn)
     return lsn
 
@@ -119,16 +118,15 @@ def advance_slot(conn: psycopg.Connection, slot: str, lsn: Lsn) -> Lsn:
 
     Returns the position the slot reports afterwards.
     """
-    row = conn.execute("SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
-                       (slot, str(lsn))).fetchone()
-    return Lsn.parse(row[0])
+    return Lsn.parse(scalar(conn, "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
+                            (slot, str(lsn))))
 
 
 def current_wal_lsn(conn: psycopg.Connection) -> Lsn:
     """The current WAL insert position (what `status` compares the slot against)."""
-    return Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0])
+    return Lsn.parse(scalar(conn, "SELECT pg_current_wal_lsn()::text"))
 
 
 def current_flush_lsn(conn: psycopg.Connection) -> Lsn:
     """The WAL position flushed to disk: logical decoding never reads past it, so a run's `upto_lsn`."""
-    return Lsn.parse(conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+    return Lsn.parse(scalar(conn, "SELECT pg_current_wal_flush_lsn()::text"))

@@ -34,10 +34,11 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import psycopg
 import pyarrow as pa
@@ -52,7 +53,7 @@ from slotlake.lsn import Lsn
 from slotlake.merge.visibility import CopySnapshot
 from slotlake.names import TableName
 from slotlake.source.catalog_read import archive_bootstrap, generated_published, read_table_defs
-from slotlake.source.connection import connect, connect_bulk, resolve_dsn, scrub, session_dsn
+from slotlake.source.connection import connect, connect_bulk, one_row, resolve_dsn, scalar, scrub, session_dsn
 from slotlake.source.ddl import TableDef
 from slotlake.source.slot import PLUGIN, SlotInfo, current_wal_lsn, slot_info
 
@@ -126,8 +127,8 @@ class TableCopy:
 
     def loaded_in(self, gold_property: Mapping[str, Any] | None) -> bool:
         """Whether a gold table whose `slotlake.snapshot` property is `gold_property` was loaded from this copy."""
-        return bool(gold_property) and (gold_property.get("copy_id"), gold_property.get("generation")) == (
-            self.copy_id, self.generation)
+        return gold_property is not None and bool(gold_property) and (
+            gold_property.get("copy_id"), gold_property.get("generation")) == (self.copy_id, self.generation)
 
     def to_json(self) -> str:
         doc = {k: (str(v) if isinstance(v, Lsn) else v) for k, v in self.__dict__.items()}
@@ -291,7 +292,7 @@ def record_publication_start(conn: psycopg.Connection, lake_root: str, source: S
     and are copied afterwards (`copy_tables_now`, whose own barrier comes after L), so the changes read without
     it up to L are in their copy."""
     _publication_barrier(conn, source, timeout)
-    lsn = Lsn.parse(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+    lsn = Lsn.parse(scalar(conn, "SELECT pg_current_wal_insert_lsn()::text"))
     _write_atomic(_publication_record(lake_root, publication),
                   json.dumps({"publication": publication, "slot": source.slot, "from_lsn": str(lsn)}))
     log.info("source %s: publication %s was created after slot %s: it is read from %s on", source.name,
@@ -370,7 +371,7 @@ def _columns_of(d: TableDef) -> tuple[dict[str, Any], ...]:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 # ---- the copy -----------------------------------------------------------------------------------------------
@@ -444,7 +445,8 @@ def _sizes(cfg: Config, workers: int | None, part_pages: int | None) -> dict[str
             "part_pages": part_pages or int(os.environ.get(PART_PAGES_ENV, cfg.snapshot.part_pages))}
 
 
-def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], snapshot_name: str, pages: dict[str, int],
+def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], snapshot_name: str,
+                pages: dict[str, int],
                 *, workers: int, part_pages: int) -> list[TableCopyResult]:
     """Copy `copies` (manifests planned by the caller) under the exported snapshot `snapshot_name`, on `workers`
     connections, in parts of `part_pages` blocks (`_sizes`). The snapshot must stay exported (its transaction or
@@ -581,10 +583,11 @@ def _plan_copies(conn: psycopg.Connection, tables: list[str], *, copy_id: str, g
         d = defs[t]
         if not d.replicated_columns:
             raise SnapshotError(f"snapshot: table {t} has no columns pgoutput replicates; nothing can be copied")
-        row = conn.execute(
+        row = one_row(
+            conn,
             "SELECT c.relkind, greatest(c.reltuples, 0)::bigint, "
             "pg_relation_size(c.oid) / current_setting('block_size')::int FROM pg_class c WHERE c.oid = %s",
-            (d.oid,)).fetchone()
+            (d.oid,))
         pages[t] = -1 if row[0] == "p" else int(row[2])
         copies.append(TableCopy(
             table=t, copy_id=copy_id, generation=gen.consistent_point.hex16, kind=kind, watermark=gen.watermark,
@@ -596,10 +599,10 @@ def _plan_copies(conn: psycopg.Connection, tables: list[str], *, copy_id: str, g
 def _check_select(conn: psycopg.Connection, source: SourceConfig, tables: list[str]) -> None:
     for t in tables:
         schema, name = TableName.parse(t)
-        ok = conn.execute("SELECT has_table_privilege(format('%%I.%%I', %s::text, %s::text), 'SELECT')",
-                          (schema, name)).fetchone()[0]
+        ok = scalar(conn, "SELECT has_table_privilege(format('%%I.%%I', %s::text, %s::text), 'SELECT')",
+                    (schema, name))
         if not ok:
-            user = conn.execute("SELECT current_user").fetchone()[0]
+            user = scalar(conn, "SELECT current_user")
             raise SnapshotError(f"snapshot {source.name}: table {t} cannot be copied: role {user} has no SELECT on "
                                 f"it; run GRANT SELECT ON {t} TO {user}")
 
@@ -633,8 +636,8 @@ def create_slot_with_snapshot(cfg: Config, source: SourceConfig, *, reason: str 
                              "the role needs REPLICATION and pg_hba.conf must allow it") from None
     with repl:
         try:
-            row = repl.execute(sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} (SNAPSHOT 'export')").format(
-                sql.Identifier(source.slot), sql.Identifier(PLUGIN))).fetchone()
+            row = one_row(repl, sql.SQL("CREATE_REPLICATION_SLOT {} LOGICAL {} (SNAPSHOT 'export')").format(
+                sql.Identifier(source.slot), sql.Identifier(PLUGIN)))
         except psycopg.Error as e:
             raise PreflightError(f"source {source.name}: cannot create replication slot {source.slot}: "
                                  f"{scrub(str(e), dsn)}") from None
@@ -652,7 +655,7 @@ def create_slot_with_snapshot(cfg: Config, source: SourceConfig, *, reason: str 
             # The table definitions in force at the consistent point, for the multi-version catalog.
             archive_bootstrap(conn, root, tables, consistent,
                               generated_published=generated_published(conn, source.publication))
-            snap_text = conn.execute("SELECT pg_current_snapshot()::text").fetchone()[0]
+            snap_text = scalar(conn, "SELECT pg_current_snapshot()::text")
             copies, pages = _plan_copies(conn, tables, copy_id=consistent.hex16, gen=gen, kind="exported",
                                          snapshot_text=snap_text, lsn_after=consistent,
                                          publication=source.publication)
@@ -666,10 +669,10 @@ def create_slot_with_snapshot(cfg: Config, source: SourceConfig, *, reason: str 
 def _publication_barrier(conn: psycopg.Connection, source: SourceConfig, timeout: float) -> None:
     """Wait until every transaction running now has ended. Called after the tables joined the publication: a
     transaction that changed a table before it joined is not streamed, so it must be visible to the copy."""
-    xmax = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())").fetchone()[0]
+    xmax = scalar(conn, "SELECT pg_snapshot_xmax(pg_current_snapshot())")
     deadline = time.monotonic() + timeout
     while True:
-        xmin = conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())").fetchone()[0]
+        xmin = scalar(conn, "SELECT pg_snapshot_xmin(pg_current_snapshot())")
         if int(xmin) >= int(xmax):
             return
         if time.monotonic() > deadline:
@@ -690,9 +693,9 @@ def copy_tables_now(cfg: Config, source: SourceConfig, tables: list[str], gen: G
         _publication_barrier(ctl, source, barrier_timeout)
     with connect(source, autocommit=False) as conn:
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        snapshot_name, snap_text = conn.execute("SELECT pg_export_snapshot(), pg_current_snapshot()::text").fetchone()
+        snapshot_name, snap_text = one_row(conn, "SELECT pg_export_snapshot(), pg_current_snapshot()::text")
         # Read after the snapshot: every transaction it saw has its commit record before this position.
-        lsn_after = Lsn.parse(conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0])
+        lsn_after = Lsn.parse(scalar(conn, "SELECT pg_current_wal_insert_lsn()::text"))
         copies, pages = _plan_copies(conn, tables, copy_id=lsn_after.hex16, gen=gen, kind="current",
                                      snapshot_text=snap_text, lsn_after=lsn_after, publication=source.publication)
         log.info("snapshot %s: copying %s under snapshot %s (WAL %s), joined to slot generation %s",
@@ -722,7 +725,8 @@ def ensure_snapshots(cfg: Config, source: SourceConfig, *, workers: int | None =
             return SnapshotReport(source=source.name, generation=None, slot_created=False, notes=(note,))
         # The slot was created but its generation was not recorded (died in between): nothing was streamed yet,
         # so the slot's confirmed position is its consistent point.
-        gen = Generation(slot=source.slot, consistent_point=info.confirmed_flush_lsn, reason="recovered",
+        gen = Generation(slot=source.slot, consistent_point=info.confirmed_flush_lsn,  # type: ignore[arg-type]
+                         reason="recovered",
                          created_at=_now())
         _record_generation(root, gen)
     missing = [t for t in tables if complete_copy(root, t, gen) is None]

@@ -34,16 +34,18 @@ def slot_status(source: SourceConfig) -> SlotStatus:
     with connect(source) as conn:
         current = current_wal_lsn(conn)
         info = slot_info(conn, source.slot)
-        server = {"server_version": conn.info.server_version,
-                  "idle_replication_slot_timeout_s": idle_slot_timeout(conn)}
+        server_version = conn.info.server_version
+        idle_timeout = idle_slot_timeout(conn)
     if info is None:
         return SlotStatus(slot=source.slot, exists=False, active=False, wal_status=None, invalidated=None,
                           restart_lsn=None, confirmed_flush_lsn=None, current_lsn=current, lag_bytes=None,
-                          retained_wal_bytes=None, **server)
+                          retained_wal_bytes=None, server_version=server_version,
+                          idle_replication_slot_timeout_s=idle_timeout)
     return SlotStatus(
         slot=source.slot, exists=True, active=info.active, wal_status=info.wal_status, invalidated=info.invalidated,
         restart_lsn=info.restart_lsn, confirmed_flush_lsn=info.confirmed_flush_lsn, current_lsn=current,
         lag_bytes=current - info.confirmed_flush_lsn if info.confirmed_flush_lsn is not None else None,
         retained_wal_bytes=current - info.restart_lsn if info.restart_lsn is not None else None,
-        inactive_since=info.inactive_since, **server,
+        inactive_since=info.inactive_since, server_version=server_version,
+        idle_replication_slot_timeout_s=idle_timeout,
     )

@@ -17,8 +17,8 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 Runner = Callable[["object", "object", argparse.Namespace], list[str]]  # (spark, cfg, args) -> lines to print
 

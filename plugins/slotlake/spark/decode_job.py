@@ -17,8 +17,8 @@ import logging
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from slotlake import delta_log
 from slotlake.bronze import BronzeFile, list_bronze
@@ -85,8 +85,7 @@ def decode_partition(batches: Iterator) -> Iterator:
                 for at in range(0, filled.num_rows, _OUT_BATCH_ROWS):
                     yield filled.slice(at, _OUT_BATCH_ROWS)
     decoder.finish()
-    for rest in ends.finish():
-        yield rest
+    yield from ends.finish()
 
 
 def decode_watermark(spark, changes_path: str, source: str) -> Lsn | None:
@@ -281,7 +280,8 @@ def _rows_written(changes_path: str, end: Lsn) -> int | None:
 
 
 def files_for_range(files: list[BronzeFile], after: Lsn | None, upto: Lsn) -> list[BronzeFile]:
-    """The bronze files that can hold commits with `after < commit_end_lsn`, `commit_lsn <= upto` (after None: from the start).
+    """The bronze files that can hold commits with `after < commit_end_lsn`, `commit_lsn <= upto` (after None: from
+    the start).
 
     A file holds the commits whose end LSN is in (start, end], and a commit's LSN is at least the previous
     commit's end, so a file with end <= after or start > upto holds none of them.
@@ -416,7 +416,8 @@ def write_ddl_log(spark, path: str, rows: list, *, source: str, end_lsn: Lsn) ->
     for r in sorted(rows, key=lambda r: (r["commit_lsn"], r["lsn"])):
         content = bytes(r["content"])
         event = parse_ddl_event(content)
-        out.append((r["commit_lsn"], r["commit_end_lsn"], r["commit_ts"], r["xid"], r["lsn"], event.event, event.command_tag,
+        out.append((r["commit_lsn"], r["commit_end_lsn"], r["commit_ts"], r["xid"], r["lsn"], event.event,
+                    event.command_tag,
                     event.query, event.query_truncated, event.object_identity,
                     [t.qualified_name for t in event.tables], [f"{d.schema}.{d.name}" for d in event.dropped],
                     content.decode("utf-8"), r["bronze_file"]))

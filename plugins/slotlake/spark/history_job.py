@@ -256,8 +256,11 @@ def _events(plan: TablePlan, hb: HistoryBatch, changes: DataFrame, open_rows: Da
     from slotlake.spark.merge_job import _typed_layouts, keyed_states
 
     ncols = len(plan.shape.columns)
-    numeric = lambda column: hb.src.numeric.unconstrained_for(plan.shape.qualified, column)
-    typed = _typed_layouts(changes, plan, hb.evo, list(hb.layouts), numeric)
+    def numeric(column: str) -> str:
+        return hb.src.numeric.unconstrained_for(plan.shape.qualified, column)
+
+    # hb.evo is set whenever there are changes to type
+    typed = _typed_layouts(changes, plan, hb.evo, list(hb.layouts), numeric)  # type: ignore[arg-type]
     cid = F.struct("commit_lsn", "seq").alias("__id")
     meta = ["commit_lsn", "commit_ts", "op"]
     if plan.strategy is KeyStrategy.KEYED:

@@ -1,9 +1,9 @@
 """The merge stage: silver/changes -> gold/<schema>/<table>, one Delta commit per table, by replica identity.
 
-For each table the run applies the silver changes with `table watermark < commit_end_lsn`, `commit_lsn <= run end` (run end =
-silver's watermark) in (commit_lsn, seq) order, as ONE Delta MERGE carrying the idempotent-write settings and the
-new watermark (docs/internals.md "Gold"). All work on changes is Spark DataFrame work; the driver only collects
-small summaries (table shapes, counts, the first offending row of an error).
+For each table the run applies the silver changes with `table watermark < commit_end_lsn`, `commit_lsn <= run end`
+(run end = silver's watermark) in (commit_lsn, seq) order, as ONE Delta MERGE carrying the idempotent-write settings
+and the new watermark (docs/internals.md "Gold"). All work on changes is Spark DataFrame work; the driver only
+collects small summaries (table shapes, counts, the first offending row of an error).
 
 Keyed tables (REPLICA IDENTITY DEFAULT / USING INDEX) are merged by row *lineage*: a change that updates or deletes
 a row continues the lineage of the change that last wrote that key (possibly under another key, after a key
@@ -15,17 +15,30 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import (BooleanType, DataType, DateType, IntegerType, LongType, MapType, NumericType,
-                               StringType, StructField, StructType, TimestampNTZType, TimestampType)
+from pyspark.sql.types import (
+    BooleanType,
+    DataType,
+    DateType,
+    IntegerType,
+    LongType,
+    MapType,
+    NumericType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from slotlake import delta_log
 from slotlake.catalog import CatalogVersion
@@ -34,15 +47,32 @@ from slotlake.decode.types import typed_value
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
-from slotlake.merge.plan import (COLUMN_MAPPING, COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, TXN_APP_ID, TXN_VERSION,
-                                 USER_METADATA, KeyStrategy, TablePlan, TableShape, merge_commit_conf,
-                                 needs_column_mapping, newest_watermark, plan_table, schema_mismatch, stage_metadata)
 from slotlake.merge.evolution import ColumnHistoryEvent, Evolution, column_events, plan_evolution
-from slotlake.merge.visibility import CopySnapshot, not_seen_by_copy
+from slotlake.merge.plan import (
+    COLUMN_MAPPING,
+    COMMIT_TS_COL,
+    DELETED_COL,
+    DUP_COL,
+    LSN_COL,
+    TXN_APP_ID,
+    TXN_VERSION,
+    USER_METADATA,
+    KeyStrategy,
+    TablePlan,
+    TableShape,
+    merge_commit_conf,
+    needs_column_mapping,
+    newest_watermark,
+    plan_table,
+    schema_mismatch,
+    stage_metadata,
+)
+from slotlake.merge.visibility import CopySnapshot
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
 from slotlake.pending import RUNS_STAGE
 from slotlake.spark.session import error_summary
+from slotlake.spark.visibility import not_seen_by_copy
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +268,7 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
     if gold_path_for is not None:
         log.info("%s (custom gold paths: _runs not written)", report.summary())
         return report
-    finished = datetime.now(timezone.utc)
+    finished = datetime.now(UTC)
     runs = spark.createDataFrame(
         [(int(end), r.schema_name, r.table_name, r.gold_version, finished) for r in results.values()], RUNS_SCHEMA)
     _ensure_table(spark, paths.runs, RUNS_SCHEMA)
@@ -523,11 +553,11 @@ def _unified_plan(name: str, evo: Evolution, shapes: list[TableShape], delete_mo
     """The plan over gold's columns after the run: type of the newest layout holding each column, its keys."""
     oids, mods = [], []
     for i in range(len(evo.columns)):
-        where = [(k, p[i]) for k, p in enumerate(evo.positions) if p[i] is not None]
+        where = [(k, at) for k, p in enumerate(evo.positions) if (at := p[i]) is not None]
         if where:
-            k, p = where[-1]
-            oids.append(shapes[k].type_oids[p])
-            mods.append(shapes[k].typmods[p])
+            k, at = where[-1]
+            oids.append(shapes[k].type_oids[at])
+            mods.append(shapes[k].typmods[at])
         else:  # a column the source dropped: never typed again (its values are NULL from now on)
             oids.append(TEXT_OID)
             mods.append(-1)
@@ -631,7 +661,8 @@ class _LazyProperties:
     """A Delta table's properties, read on first use: from the log of a local table, else with Spark."""
 
     def __init__(self, session: SparkSession, path: str) -> None:
-        self._session, self._path, self._props = session, path, None
+        self._session, self._path = session, path
+        self._props: dict[str, str] | None = None
 
     def get(self, key: str) -> str | None:
         if self._props is None:
@@ -699,15 +730,15 @@ def _typed_layouts(after: DataFrame, plan: TablePlan, evo: Evolution, layouts: l
             if i in need_old:
                 cols.append(typed_value(F.col("old").getItem(p), oid, mod, mode)[0].cast(dtype).alias(f"__o{i}"))
 
-        def raw(arr: str) -> Column:
+        def raw(arr: str, k: int = k) -> Column:
             return F.when(F.col(arr).isNull(), F.lit(None)).otherwise(F.array(*[
                 # F.get: NULL past the end (an old tuple may hold only the key), where getItem fails under ANSI
                 F.get(F.col(arr), p) if p is not None else F.lit(None).cast("string") for p in evo.positions[k]]))
 
         parts.append(seg.select(*cols, raw("old").alias("old"), raw("new").alias("new")))
     out = parts[0]
-    for p in parts[1:]:
-        out = out.unionByName(p)
+    for part in parts[1:]:
+        out = out.unionByName(part)
     return out
 
 
@@ -1142,7 +1173,7 @@ def _execute_merge(session: SparkSession, src: SourceConfig, gold: str, schema: 
     try:
         if builder is not None:
             builder.execute()
-        else:
+        elif append_df is not None:
             append_df.write.format("delta").mode("append").save(gold)
     finally:
         for k in (TXN_APP_ID, TXN_VERSION, USER_METADATA):

@@ -2,8 +2,9 @@
 
     POINT ──(silver: last commit at or before it)──▶ commit LSN L (one for every table)
     a table whose history table covers L (history_from <= L <= its watermark): its versions valid at L
-    the others: replay --dest scratch, from = to = L: gold as of the nearest recorded end <= L (time travel) + the archived
-    changes after it up to L, re-decoded with the historical catalog      (slotlake.spark.replay_job.run_replay)
+    the others: replay --dest scratch, from = to = L: gold as of the nearest recorded end <= L (time travel)
+    + the archived changes after it up to L, re-decoded with the historical catalog
+      (slotlake.spark.replay_job.run_replay)
     scratch table ──project onto the `_catalog` columns at L──▶ DEST/<schema>/<table> (Delta)
                                                           └──▶ COPY into <into-schema>.<table> (PostgreSQL)
 The projection leaves out columns the source had dropped by L (gold keeps them, NULL from then on) so the result
@@ -16,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from slotlake.bronze import covered_lsn, list_bronze, max_archived_end
 from slotlake.catalog import CatalogVersion, read_catalog
@@ -25,8 +26,16 @@ from slotlake.lake import LakePaths, table_dir
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import COLUMN_MAPPING, needs_column_mapping
 from slotlake.names import TableName, spark_ident
-from slotlake.recover.point import (Point, RecoveredTable, RecoverError, RecoverRequest, RecoverResult,
-                                    archive_gaps, gap_error, version_at)
+from slotlake.recover.point import (
+    Point,
+    RecoveredTable,
+    RecoverError,
+    RecoverRequest,
+    RecoverResult,
+    archive_gaps,
+    gap_error,
+    version_at,
+)
 from slotlake.replay import ReplayRequest, format_point
 from slotlake.spark.decode_job import decode_watermark
 from slotlake.spark.history_job import history_as_of, history_coverage
@@ -46,7 +55,7 @@ def resolve_as_of(spark, changes_path: str, point: Point) -> tuple[Lsn, datetime
     if isinstance(point, Lsn):
         at = F.col("commit_lsn") <= F.lit(point.value)
     else:  # silver's commit_ts is UTC wall time (the session time zone is UTC: slotlake.spark.session)
-        at = F.col("commit_ts") <= F.lit(point.astimezone(timezone.utc).replace(tzinfo=None))
+        at = F.col("commit_ts") <= F.lit(point.astimezone(UTC).replace(tzinfo=None))
     got = (spark.read.format("delta").load(changes_path)
            .agg(F.max(F.when(at, F.struct("commit_lsn", "commit_ts"))).alias("at"),
                 F.min("commit_lsn").alias("first"), F.max("commit_lsn").alias("last"))
@@ -54,7 +63,7 @@ def resolve_as_of(spark, changes_path: str, point: Point) -> tuple[Lsn, datetime
     last = Lsn(got["last"]) if got["last"] is not None else None
     if got["at"] is not None:
         ts = got["at"]["commit_ts"]
-        return Lsn(got["at"]["commit_lsn"]), ts.replace(tzinfo=timezone.utc) if ts else None, last
+        return Lsn(got["at"]["commit_lsn"]), ts.replace(tzinfo=UTC) if ts else None, last
     if isinstance(point, Lsn):
         return point, None, last
     return (Lsn(max(got["first"] - 1, 0)) if got["first"] is not None else Lsn(0)), None, last

@@ -91,7 +91,7 @@ def recorded_ends(spark, runs_path: str, gold_path: str, schema: str, table: str
         return []
     history = DeltaTable.forPath(spark, gold_path).history().select("version", "userMetadata",
                                                                     "operation").collect()
-    out = {}
+    out: dict = {}
     for h in history:
         end = watermark_of(h["userMetadata"])
         if end is not None and h["operation"] != "RESTORE":
@@ -237,7 +237,8 @@ def _empty_changes(spark, path: str) -> str:
 
 def _replace_silver(spark, scratch_changes: str, changes: str, after: Lsn | None, to: Lsn, silver_end: Lsn,
                     req: ReplayRequest, frm: Lsn) -> None:
-    """Silver's rows with after < commit_end_lsn, commit_lsn <= to := the re-decoded ones, in one commit; the watermark stays."""
+    """Silver's rows with after < commit_end_lsn, commit_lsn <= to := the re-decoded ones, in one commit; the watermark
+    stays."""
     from slotlake.spark.decode_job import SILVER_COLUMNS
 
     cond = f"commit_lsn <= {int(to)}" + (f" AND commit_end_lsn > {int(after)}" if after is not None else "")

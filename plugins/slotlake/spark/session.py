@@ -9,8 +9,8 @@ import glob
 import os
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -37,7 +37,8 @@ def jars_dir() -> Path:
 def delta_jars() -> list[str]:
     jars = sorted(glob.glob(str(jars_dir() / "*.jar")))
     if not any("delta-spark" in Path(j).name for j in jars):
-        raise RuntimeError(f"Delta jars not found in {jars_dir()}; run scripts/setup.sh (resolves them from Maven Central)")
+        raise RuntimeError(f"Delta jars not found in {jars_dir()}; "
+                           "run scripts/setup.sh (resolves them from Maven Central)")
     return jars
 
 

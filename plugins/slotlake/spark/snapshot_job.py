@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Sequence
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -27,8 +27,19 @@ from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, Stru
 from slotlake import delta_log
 from slotlake.config import Config
 from slotlake.lake import LakePaths
-from slotlake.merge.plan import (COLUMN_MAPPING, COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, USER_METADATA,
-                                 KeyStrategy, TableShape, needs_column_mapping, plan_table, stage_metadata)
+from slotlake.merge.plan import (
+    COLUMN_MAPPING,
+    COMMIT_TS_COL,
+    DELETED_COL,
+    DUP_COL,
+    LSN_COL,
+    USER_METADATA,
+    KeyStrategy,
+    TableShape,
+    needs_column_mapping,
+    plan_table,
+    stage_metadata,
+)
 from slotlake.merge.visibility import CopySnapshot
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q

@@ -16,9 +16,10 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Mapping, Sequence
+from typing import Literal
 
 from slotlake.config import Config
 from slotlake.errors import ConfigError, SlotlakeError
@@ -26,7 +27,8 @@ from slotlake.spark.session import REPO_ROOT, spark_conf
 
 log = logging.getLogger(__name__)
 
-Stage = Literal["decode", "merge", "sync", "snapshot", "replay", "recover"]  # spark_apps/<stage>.py (slotlake.spark.apps)
+# spark_apps/<stage>.py (slotlake.spark.apps)
+Stage = Literal["decode", "merge", "sync", "snapshot", "replay", "recover"]
 APPS_DIR = REPO_ROOT / "spark_apps"
 PACKAGE_DIR = REPO_ROOT / "plugins" / "slotlake"
 _TAIL_LINES = 40
