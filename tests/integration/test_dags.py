@@ -94,7 +94,7 @@ def test_dag_shape_schedule_and_spark_submit(airflow_home, tmp_path):
     for stage in ("decode", "merge"):
         t = dag["tasks"][stage]
         assert t["type"] == "SparkSubmitOperator"
-        assert t["application"] == str(ROOT / "spark_apps" / f"{stage}.py")
+        assert t["application"] == str(ROOT / "plugins" / "slotlake" / "spark_apps" / f"{stage}.py")
         assert t["args"] == ["--config", str(cfg.resolve()), "--source", "shop"]
         assert any("delta-spark" in j and j.endswith(".jar") for j in t["conf"]["spark.jars"].split(","))
         python = Path(t["env"]["PYSPARK_PYTHON"])  # this venv's interpreter (python or python3)

@@ -40,7 +40,8 @@ def test_local_command_has_master_jars_app_and_args_and_no_py_files():
     assert cmd[0] == str(Path(sys.prefix) / "bin" / "spark-submit")
     assert cmd[1:5] == ["--master", "local[2]", "--name", "slotlake-merge-shop"]
     assert "--py-files" not in cmd
-    assert cmd[-7:] == [str(ROOT / "spark_apps" / "merge.py"), "--config", "/etc/slotlake.yaml", "--source", "shop",
+    assert cmd[-7:] == [str(ROOT / "plugins" / "slotlake" / "spark_apps" / "merge.py"), "--config",
+                        "/etc/slotlake.yaml", "--source", "shop",
                         "--tables", "public.a,public.b"]
     confs = dict(c.split("=", 1) for c in cmd[cmd.index("--conf") + 1::2][: len(app.conf)])
     assert "delta-spark" in confs["spark.jars"] and "spark.master" not in confs
@@ -150,7 +151,7 @@ def test_every_stage_has_an_app_file_and_an_entry():
     stages = set(typing.get_args(Stage))
     assert stages == set(APPS)
     for stage in stages:
-        text = (ROOT / "spark_apps" / f"{stage}.py").read_text()
+        text = (ROOT / "plugins" / "slotlake" / "spark_apps" / f"{stage}.py").read_text()
         assert f'main("{stage}")' in text
 
 

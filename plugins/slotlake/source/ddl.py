@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 """The JSON format version this parser reads (the `version` key written by sql/ddl_capture.sql)."""
 
-SQL_DIR = Path(__file__).resolve().parents[3] / "sql"
+SQL_DIR = Path(__file__).resolve().parents[1] / "sql"  # package data (plugins/slotlake/sql; `sql/` in a checkout)
 INSTALL_SQL = SQL_DIR / "ddl_capture.sql"
 UNINSTALL_SQL = SQL_DIR / "ddl_capture_uninstall.sql"
 TRIGGER_NAMES = ("slotlake_ddl_command_end", "slotlake_sql_drop")
@@ -245,7 +245,7 @@ def _run_script(conn: psycopg.Connection, path: Path, action: str) -> None:
         script = path.read_text(encoding="utf-8")
     except OSError as e:
         raise PreflightError(f"cannot {action} the DDL capture: {path} is not readable ({e.strerror}); "
-                             "deploy the repository's sql/ folder next to plugins/") from None
+                             "reinstall the slotlake package (its sql/ folder is package data)") from None
     try:
         # One transaction: either the capture is fully (re)installed/removed or nothing changed.
         with conn.transaction():

@@ -1,7 +1,7 @@
 """The SparkSession with Delta, built the same way for spark-submit apps, tests and the demo.
 
-Delta's jars come from `<repo>/.jars` (resolved from Maven Central by scripts/setup.sh) or `$SLOTLAKE_JARS_DIR`;
-nothing is downloaded when Spark starts.
+Delta's jars come from `$SLOTLAKE_JARS_DIR`, else from `.jars/` of the checkout this package runs from (resolved
+from Maven Central by scripts/setup.sh); nothing is downloaded when Spark starts.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # .../slotlake
+CHECKOUT = PACKAGE_DIR.parents[1]  # the repository when running from a checkout (plugins/slotlake)
 
 # Settings every slotlake Spark session gets (config `spark.conf` may override all but the Delta wiring).
 BASE_CONF: dict[str, str] = {
@@ -31,14 +32,14 @@ BASE_CONF: dict[str, str] = {
 
 
 def jars_dir() -> Path:
-    return Path(os.environ.get("SLOTLAKE_JARS_DIR", REPO_ROOT / ".jars"))
+    return Path(os.environ.get("SLOTLAKE_JARS_DIR", CHECKOUT / ".jars"))
 
 
 def delta_jars() -> list[str]:
     jars = sorted(glob.glob(str(jars_dir() / "*.jar")))
     if not any("delta-spark" in Path(j).name for j in jars):
-        raise RuntimeError(f"Delta jars not found in {jars_dir()}; "
-                           "run scripts/setup.sh (resolves them from Maven Central)")
+        raise RuntimeError(f"Delta jars not found in {jars_dir()}; set SLOTLAKE_JARS_DIR to a folder holding them "
+                           "(scripts/setup.sh resolves them from Maven Central into .jars/)")
     return jars
 
 
@@ -71,8 +72,9 @@ def spark_conf(master: str = "local[*]", extra: Mapping[str, str] | None = None)
     conf["spark.jars"] = ",".join(delta_jars())
     conf["spark.master"] = master
     conf.update(extra or {})
-    # Executors import slotlake (the decoder runs there): put plugins/ on their PYTHONPATH for local masters.
-    conf.setdefault("spark.executorEnv.PYTHONPATH", str(REPO_ROOT / "plugins"))
+    # Executors import slotlake (the decoder runs there): put the folder holding the package on their PYTHONPATH
+    # (plugins/ in a checkout; site-packages when installed, where it is on the path anyway).
+    conf.setdefault("spark.executorEnv.PYTHONPATH", str(PACKAGE_DIR.parent))
     return conf
 
 

@@ -2,7 +2,7 @@
 
 The CLI runs `spark_submit_command(app)` in a subprocess (`run_spark_app`); the Airflow DAG feeds the same
 `SparkApp` fields to `SparkSubmitOperator` (see `slotlake.airflow.dag_factory`). Either way the app is
-`spark_apps/<stage>.py --config F --source S`, submitted with this venv's `spark-submit`, the Delta jars from
+`slotlake/spark_apps/<stage>.py --config F --source S`, submitted with this venv's `spark-submit`, the Delta jars from
 `spark_conf()`, and the slotlake package shipped as a zip for masters that are not local.
 """
 from __future__ import annotations
@@ -23,14 +23,13 @@ from typing import Literal
 
 from slotlake.config import Config
 from slotlake.errors import ConfigError, SlotlakeError
-from slotlake.spark.session import REPO_ROOT, spark_conf
+from slotlake.spark.session import PACKAGE_DIR, spark_conf
 
 log = logging.getLogger(__name__)
 
 # spark_apps/<stage>.py (slotlake.spark.apps)
 Stage = Literal["decode", "merge", "sync", "snapshot", "replay", "recover"]
-APPS_DIR = REPO_ROOT / "spark_apps"
-PACKAGE_DIR = REPO_ROOT / "plugins" / "slotlake"
+APPS_DIR = PACKAGE_DIR / "spark_apps"  # ships inside the package: an installed slotlake submits its own files
 _TAIL_LINES = 40
 
 
@@ -99,7 +98,7 @@ def code_digest() -> str:
 
 
 def code_zip() -> str:
-    """Build (or reuse) the zip of plugins/slotlake that --py-files ships to a cluster; returns its path.
+    """Build (or reuse) the zip of the slotlake package that --py-files ships to a cluster; returns its path.
 
     Named by a hash of the sources, so it is built once per code version and a concurrent run never sees a
     half-written file (written to a temp name, then renamed).
@@ -159,7 +158,7 @@ def run_spark_app(app: SparkApp) -> None:
     if not Path(app.spark_submit).exists():
         raise SlotlakeError(f"spark-submit not found at {app.spark_submit}; run scripts/setup.sh "
                             "or set spark.spark_submit in the config")
-    log.info("submitting %s to %s", app.name, app.master)
+    log.info("submitting %s to %s (%s)", app.name, app.master, app.application)
     env = {**os.environ, **app.env}
     tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,

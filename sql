@@ -1,0 +1,1 @@
+plugins/slotlake/sql
