@@ -58,7 +58,11 @@ def bronze_name(start: Lsn, end: Lsn) -> str:
 
 def bronze_dir(lake_root: str) -> Path:
     """The local bronze folder of a source (`lake_root` = `<lake>/<source>`)."""
-    path = LakePaths(lake_root.rstrip("/")).bronze
+    return local_dir(LakePaths(lake_root.rstrip("/")).bronze)
+
+
+def local_dir(path: str) -> Path:
+    """A bronze path (`LakePaths.bronze`, `.snapshots`) as a local folder; the extract writes local files only."""
     if path.startswith("file://"):
         path = path[len("file://"):]
     elif "://" in path:

@@ -10,13 +10,13 @@ The versioning is pure (`apply_definitions`); `read_catalog`/`write_catalog` do 
 """
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from slotlake import delta_log
+from slotlake import contracts, delta_log
+from slotlake.contracts import STAGE_CATALOG, CommitMeta
 from slotlake.decode.messages import Relation
 from slotlake.lsn import Lsn
 
@@ -192,11 +192,7 @@ def version_at(versions: Iterable[CatalogVersion], rel_oid: int, lsn: int) -> Ca
 
 # ---- Spark I/O ----
 
-CATALOG_DDL = (
-    "rel_oid long, schema_name string, table_name string, version int, valid_from_lsn long, valid_to_lsn long, "
-    "replica_identity string, columns array<struct<position:int, name:string, type_oid:int, type_name:string, "
-    "typmod:int, nullable:boolean, is_key:boolean>>, origin string"
-)
+CATALOG_DDL = contracts.ddl(contracts.CATALOG)
 
 
 def read_catalog(spark, path: str) -> list[CatalogVersion]:
@@ -235,5 +231,5 @@ def write_catalog(spark, path: str, versions: list[CatalogVersion], *, source: s
     df = spark.createDataFrame(rows, CATALOG_DDL)
     (df.write.format("delta").mode("overwrite")
      .option("txnAppId", f"slotlake-catalog-{source}").option("txnVersion", end_lsn.value)
-     .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(end_lsn), "stage": "catalog"}}))
+     .option("userMetadata", CommitMeta(STAGE_CATALOG, end_lsn).json())
      .save(path))

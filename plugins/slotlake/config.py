@@ -134,9 +134,6 @@ class SourceConfig:
         """Whether the merge keeps `table`'s SCD2 history table (gold_history/<schema>/<table>)."""
         return self.history and (self.history_tables is None or table in self.history_tables)
 
-    def lake_path(self, lake: str) -> str:
-        return f"{lake.rstrip('/')}/{self.name}"
-
     @property
     def insert_only_publication(self) -> str:
         """The second publication, `WITH (publish = 'insert, truncate')`, that carries the `insert_only` tables."""

@@ -18,8 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from slotlake.contracts import CommitMeta
 from slotlake.errors import SlotlakeError
-from slotlake.lake import name_of_segment
+from slotlake.lake import LakePaths, name_of_segment
 from slotlake.names import TableName
 
 log = logging.getLogger(__name__)
@@ -33,15 +34,19 @@ class DeltaCommit:
     timestamp: datetime  # commitInfo.timestamp (UTC)
     operation: str  # WRITE, MERGE, DELETE, TRUNCATE, ...
     metrics: Mapping[str, int] = field(default_factory=dict)  # operationMetrics, as ints
-    slotlake: Mapping[str, Any] | None = None  # the "slotlake" object of userMetadata, when present
+    meta: CommitMeta | None = None  # the "slotlake" object of userMetadata, when present
+
+    @property
+    def slotlake(self) -> Mapping[str, Any] | None:
+        return self.meta.fields() if self.meta is not None else None
 
     @property
     def end_lsn(self) -> str | None:
-        return (self.slotlake or {}).get("end_lsn")
+        return str(self.meta.end_lsn) if self.meta is not None and self.meta.end_lsn is not None else None
 
     @property
     def stage(self) -> str | None:
-        return (self.slotlake or {}).get("stage")
+        return self.meta.stage if self.meta is not None else None
 
 
 def local_path(path: str) -> Path:
@@ -86,18 +91,10 @@ def _parse_commit(version: int, text: str) -> DeltaCommit:
             metrics[k] = int(v)
         except (TypeError, ValueError):
             continue  # durations like "executionTimeMs" are ints too; anything else is not a count
-    meta = None
-    raw_meta = info.get("userMetadata")
-    if raw_meta:
-        try:
-            parsed = json.loads(raw_meta)
-            if isinstance(parsed, dict) and isinstance(parsed.get("slotlake"), dict):
-                meta = parsed["slotlake"]
-        except ValueError:
-            pass  # someone else's free-text metadata
+    meta = CommitMeta.parse(info.get("userMetadata"))  # None for someone else's free-text metadata
     ts = datetime.fromtimestamp(int(info.get("timestamp", 0)) / 1000, tz=UTC)
     return DeltaCommit(version=version, timestamp=ts, operation=str(info.get("operation", "")), metrics=metrics,
-                       slotlake=meta)
+                       meta=meta)
 
 
 def commits(table_path: str, *, newest_first: bool = True) -> Iterator[DeltaCommit]:
@@ -118,7 +115,7 @@ def commits(table_path: str, *, newest_first: bool = True) -> Iterator[DeltaComm
 def latest_slotlake_commit(table_path: str, stage: str | None = None) -> DeltaCommit | None:
     """The newest commit slotlake made (optionally of one stage), skipping OPTIMIZE/VACUUM and the like."""
     for c in commits(table_path):
-        if c.slotlake is not None and (stage is None or c.stage == stage):
+        if c.meta is not None and (stage is None or c.stage == stage):
             return c
     return None
 
@@ -126,7 +123,7 @@ def latest_slotlake_commit(table_path: str, stage: str | None = None) -> DeltaCo
 def gold_tables(source_root: str) -> list[TableName]:
     """Every gold Delta table under `<lake>/<source>/gold/`, sorted; folder names decoded (`LakePaths.gold`).
     Folders slotlake would not have named so are skipped with a warning."""
-    gold = local_path(source_root) / "gold"
+    gold = local_path(LakePaths(source_root).gold_root)
     if not gold.is_dir():
         return []
     out = []

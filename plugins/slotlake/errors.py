@@ -35,3 +35,7 @@ class SnapshotError(SlotlakeError):
 
 class SourceBusyError(SlotlakeError):
     """Another run holds the source's run lock (see slotlake.source.lock); the message names it."""
+
+
+class RecoverError(SlotlakeError):
+    """A recovery cannot run as asked (point not covered, target exists, unknown table, ...)."""

@@ -15,6 +15,8 @@ Windows) two tables whose names differ only in case would share a folder.
 from __future__ import annotations
 
 import re
+import time
+import uuid
 from dataclasses import dataclass
 
 _SAFE = re.compile(r"[A-Za-z0-9_$-]")
@@ -71,12 +73,21 @@ class LakePaths:
         return f"{self.root}/bronze"
 
     @property
+    def snapshots(self) -> str:
+        """`bronze/snapshot`: the initial copies (source/snapshot.py)."""
+        return f"{self.bronze}/snapshot"
+
+    @property
     def catalog(self) -> str:
         return f"{self.root}/_catalog"
 
     @property
     def changes(self) -> str:
         return f"{self.root}/silver/changes"
+
+    @property
+    def ddl_log(self) -> str:
+        return f"{self.root}/_ddl_log"
 
     @property
     def quarantine(self) -> str:
@@ -87,10 +98,18 @@ class LakePaths:
         """Delta table: one row per (run, gold table) with the end LSN and the table's Delta version."""
         return f"{self.root}/_runs"
 
+    @property
+    def gold_root(self) -> str:
+        return f"{self.root}/gold"
+
     def gold(self, schema: str, table: str) -> str:
         """`gold/<schema>/<table>`, the names encoded by `path_segment` (plain names as they are)."""
-        return table_dir(f"{self.root}/gold", schema, table)
+        return table_dir(self.gold_root, schema, table)
 
     def gold_history(self, schema: str, table: str) -> str:
         """`gold_history/<schema>/<table>`: the SCD2 history of a gold table (source setting `history`)."""
         return table_dir(f"{self.root}/gold_history", schema, table)
+
+    def scratch(self, kind: str) -> str:
+        """A new folder `_<kind>/<local time>-<random>` for one run's scratch tables (`replay`, `recover`, `undo`)."""
+        return f"{self.root}/_{kind}/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"

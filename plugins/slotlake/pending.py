@@ -25,12 +25,13 @@ from dataclasses import dataclass
 
 from slotlake import delta_log
 from slotlake.config import Config
+from slotlake.contracts import STAGE_RUNS
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 
 log = logging.getLogger(__name__)
 
-RUNS_STAGE = "runs"  # userMetadata stage of the `_runs` commit of a complete merge run
+RUNS_STAGE = STAGE_RUNS  # userMetadata stage of the `_runs` commit of a complete merge run
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import pytest
 from slotlake.decode.messages import DDL_MESSAGE_PREFIX, ReplicaIdentity
 from slotlake.errors import PreflightError
 from slotlake.lsn import Lsn
-from slotlake.source.catalog_read import current_wal_lsn, read_table_defs
+from slotlake.source.catalog_read import read_table_defs
 from slotlake.source.ddl import (
     DdlEvent,
     TableDef,
@@ -19,6 +19,7 @@ from slotlake.source.ddl import (
     parse_ddl_event,
     uninstall_ddl_capture,
 )
+from slotlake.source.slot import current_wal_lsn
 
 pytestmark = pytest.mark.integration
 

@@ -10,12 +10,12 @@ import pytest
 
 from slotlake import delta_log
 from slotlake.lsn import Lsn
-from slotlake.spark import merge_job
+from slotlake.spark import merge_job, watermarks
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
-def _spark_state(spark, path: str) -> merge_job.DeltaState:
+def _spark_state(spark, path: str) -> watermarks.DeltaState:
     """`delta_state` answered by Spark alone (the path the code takes for lakes on object stores)."""
     from delta.tables import DeltaTable
 
@@ -23,7 +23,7 @@ def _spark_state(spark, path: str) -> merge_job.DeltaState:
 
     rows = [(r["version"], r["userMetadata"]) for r in DeltaTable.forPath(spark, path).history().collect()]
     newest = newest_watermark(rows)
-    return merge_job.DeltaState(max(v for v, _ in rows), newest[1] if newest else None,
+    return watermarks.DeltaState(max(v for v, _ in rows), newest[1] if newest else None,
                                 newest[0] if newest else None)
 
 
@@ -32,7 +32,7 @@ def test_log_reads_equal_spark(spark, tmp_path):
     from pyspark.sql.types import StructType
 
     path = str(tmp_path / "t")
-    assert merge_job._local_delta_state(path) == merge_job.DeltaState(None, None)
+    assert watermarks._local_delta_state(path) == watermarks.DeltaState(None, None)
 
     def write(df, mode: str, meta: str | None, **opts) -> None:
         w = df.write.format("delta").mode(mode)
@@ -43,14 +43,14 @@ def test_log_reads_equal_spark(spark, tmp_path):
         w.save(path)
 
     write(spark.createDataFrame([(1, "a")], "id int, v string"), "append", None)
-    assert merge_job._local_delta_state(path) == _spark_state(spark, path) == merge_job.DeltaState(0, None, None)
+    assert watermarks._local_delta_state(path) == _spark_state(spark, path) == watermarks.DeltaState(0, None, None)
     write(spark.createDataFrame([(2, "b")], "id int, v string"), "append",
           json.dumps({"slotlake": {"end_lsn": "0/16B3748", "stage": "merge"}}))
     write(spark.createDataFrame([(3, "c", 1.5)], "id int, v string, x double"), "append", "someone's note",
           mergeSchema="true")
     spark.sql(f"OPTIMIZE delta.`{path}`")
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('slotlake.test' = 'yes')")
-    local = merge_job._local_delta_state(path)
+    local = watermarks._local_delta_state(path)
     assert local == _spark_state(spark, path)
     assert local.watermark == Lsn.parse("0/16B3748") and local.marked_version == 1 and local.version == 4
 

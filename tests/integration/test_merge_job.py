@@ -527,7 +527,7 @@ def test_bad_value_error_names_the_row(spark, tmp_path):
 def test_a_quarantine_table_of_an_older_release_gets_the_row_key_column(lake):
     from pyspark.sql.types import MapType, StringType
 
-    from slotlake.spark.merge_job import QUARANTINE_SCHEMA
+    from slotlake.spark.typing_job import QUARANTINE_SCHEMA
     old_schema = QUARANTINE_SCHEMA.__class__([f for f in QUARANTINE_SCHEMA.fields if f.name != "row_key"])
     old_row = ("public", "m", "amount", NUMERIC, "NaN", "old reason", 50, 1, 0, dt.datetime(2024, 1, 1))
     lake.spark.createDataFrame([old_row], old_schema).write.format("delta").save(lake.paths.quarantine)
@@ -595,7 +595,7 @@ def test_last_per_key_path_gives_the_window_paths_gold(spark, tmp_path, monkeypa
     """A keyed batch without key changes, unchanged TOAST or soft deletes takes `_last_per_key`; the same two
     batches merged with that path switched off (the window passes) give the same gold, row for row with the
     LSN and commit time, and both the expected one."""
-    import slotlake.spark.merge_job as merge_job
+    import slotlake.spark.lineage as lineage
 
     first = [ITEMS.ins(100, 0, "1", "a"), ITEMS.ins(100, 1, "2", "b"), ITEMS.ins(100, 2, "3", "c")]
     hot = [ITEMS.upd(200 + i, 0, "1", f"v{i}") for i in range(30)]  # one key updated many times
@@ -606,7 +606,7 @@ def test_last_per_key_path_gives_the_window_paths_gold(spark, tmp_path, monkeypa
         ITEMS.upd(245, 0, "5", "never inserted"),  # an update of a row gold does not have: inserted
     ]
     calls: list[int] = []
-    real = merge_job._last_per_key
+    real = lineage._last_per_key
 
     def counted(plan, ch):
         calls.append(1)
@@ -615,10 +615,10 @@ def test_last_per_key_path_gives_the_window_paths_gold(spark, tmp_path, monkeypa
     golds = []
     for name, path in (("fast", counted), ("windows", None)):
         lake = Lake(spark, tmp_path / name)
-        monkeypatch.setattr(merge_job, "_last_per_key", path or real)
+        monkeypatch.setattr(lineage, "_last_per_key", path or real)
         if path is None:  # the window passes: the same batch seen as one that may need gold's TOAST values
-            keyed = merge_job._keyed_source
-            monkeypatch.setattr(merge_job, "_keyed_source", lambda plan, typed, target, toast=True, keyed=keyed:
+            keyed = lineage.keyed_source
+            monkeypatch.setattr(lineage, "keyed_source", lambda plan, typed, target, toast=True, keyed=keyed:
                                 keyed(plan, typed, target, toast=True))
         lake.decode(first, 150)
         lake.merge()

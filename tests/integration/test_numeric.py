@@ -21,8 +21,9 @@ from slotlake.source import snapshot as snap
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
 from slotlake.spark.decode_job import run_decode
-from slotlake.spark.merge_job import delta_watermark, run_merge
+from slotlake.spark.merge_job import run_merge
 from slotlake.spark.replay_job import run_replay
+from slotlake.spark.watermarks import delta_watermark
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 

@@ -51,7 +51,7 @@ def test_lock_is_exclusive_across_processes_reentrant_within_one_and_released(pg
 
 
 def test_dag_spark_submit_tasks_hold_the_lock_while_they_run(pg_db):
-    from slotlake.airflow.dag_factory import _release_lock, _take_lock
+    from slotlake.airflow.tasks import _release_lock, _take_lock
 
     src = parse_config({"lake": "/tmp/unused", "sources": {"shop": {"dsn": pg_db}}}).source("shop")
     decode = {"task": SimpleNamespace(task_id="decode", application_args=["--config", "c", "--source", "shop"]),

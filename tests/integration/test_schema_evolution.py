@@ -22,7 +22,8 @@ from slotlake.source.ddl import install_ddl_capture
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
 from slotlake.spark.decode_job import run_decode
-from slotlake.spark.merge_job import MergeReport, delta_watermark, run_merge
+from slotlake.spark.merge_job import MergeReport, run_merge
+from slotlake.spark.watermarks import delta_watermark
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -172,6 +172,32 @@ def test_first_sync_copies_under_the_slot_snapshot_with_a_concurrent_writer(pg_d
     _assert_equal(spark, cfg, pg_db, TABLES)
 
 
+def test_a_merge_into_other_gold_paths_leaves_pending_copies_alone(pg_db, tmp_path, spark):
+    """A replay or undo merges into its own tables (`gold_path_for`): a complete copy not loaded yet stays pending
+    for the next live merge, which loads it and then applies the changes on top."""
+    from slotlake import delta_log
+    from slotlake.lake import table_dir
+    from slotlake.spark.decode_job import run_decode
+    from slotlake.spark.merge_job import run_merge
+
+    _sql(pg_db, "CREATE TABLE items (id int PRIMARY KEY, v text); "
+                "INSERT INTO items SELECT g, 'v' || g FROM generate_series(1, 40) g")
+    cfg = _config(tmp_path / "lake", pg_db, ["public.items"])
+    src = cfg.source(SRC)
+    assert run_preflight(cfg, src).slot_created  # the slot and its copy; nothing in gold yet
+    _sql(pg_db, "UPDATE items SET v = 'x' WHERE id <= 5; DELETE FROM items WHERE id > 35")
+    extract(cfg, src)
+    run_decode(spark, cfg, SRC)
+    gold = LakePaths.of(cfg.lake, SRC).gold("public", "items")
+    other = str(tmp_path / "other")
+    run_merge(spark, cfg, SRC, gold_path_for=lambda s, t: table_dir(other, s, t))
+    assert delta_log.is_delta_table(table_dir(other, "public", "items"))
+    assert not os.path.exists(gold), "a merge into other tables loaded the pending copy into live gold"
+    root = LakePaths.of(cfg.lake, SRC).root
+    assert snap.complete_copy(root, "public.items", snap.current_generation(root)) is not None
+    run_merge(spark, cfg, SRC)
+    _assert_equal(spark, cfg, pg_db, ["public.items"])
+
 def test_table_added_to_a_running_source_under_concurrent_writes(pg_db, tmp_path, spark):
     _sql(pg_db, SCHEMA)
     _sql(pg_db, "CREATE TABLE later (LIKE accounts INCLUDING ALL); "

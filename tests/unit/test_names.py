@@ -1,16 +1,18 @@
 """Table names as PostgreSQL reads them, and their folders in the lake (slotlake.names, slotlake.lake)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from slotlake import delta_log
 from slotlake.config import parse_config
-from slotlake.errors import ConfigError, MergeError
+from slotlake.errors import ConfigError, MergeError, SlotlakeError
 from slotlake.lake import LakePaths, name_of_segment, path_segment
 from slotlake.merge.plan import needs_column_mapping, parse_tables
 from slotlake.names import TableName
 from slotlake.replay import request
-from slotlake.source.snapshot import copy_folder, table_of_copy_folder
+from slotlake.source.snapshot import copy_folder, snapshot_dir, table_of_copy_folder
 
 pytestmark = pytest.mark.unit
 
@@ -133,6 +135,22 @@ def test_plain_names_keep_their_gold_paths_and_others_are_encoded():
     assert paths.gold("public", "orders") == "/lake/shop/gold/public/orders"
     assert paths.gold("Sales Dept", "Order Items") == "/lake/shop/gold/Sales!20Dept/Order!20Items"
     assert paths.gold("a", "b/../../c") == "/lake/shop/gold/a/b!2F!2E!2E!2F!2E!2E!2Fc"
+
+
+
+def test_every_lake_path_comes_from_lake_paths():
+    paths = LakePaths.of("s3a://bucket/lake/", "shop")
+    assert paths.root == "s3a://bucket/lake/shop"
+    assert (paths.bronze, paths.snapshots, paths.catalog, paths.changes, paths.ddl_log, paths.quarantine,
+            paths.runs, paths.gold_root) == tuple(f"s3a://bucket/lake/shop/{p}" for p in (
+                "bronze", "bronze/snapshot", "_catalog", "silver/changes", "_ddl_log", "_quarantine", "_runs", "gold"))
+    assert paths.gold_history("public", "orders") == "s3a://bucket/lake/shop/gold_history/public/orders"
+    one, two = paths.scratch("replay"), paths.scratch("replay")
+    assert one.startswith("s3a://bucket/lake/shop/_replay/") and one != two
+    assert copy_folder("public.orders") == "public.orders"
+    assert snapshot_dir("/lake/shop/") == Path("/lake/shop/bronze/snapshot")
+    with pytest.raises(SlotlakeError, match="local filesystem"):
+        snapshot_dir(paths.root)
 
 
 def test_gold_tables_decodes_folder_names(tmp_path):

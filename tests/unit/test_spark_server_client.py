@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from slotlake.errors import SlotlakeError
-from slotlake.spark.server import SERVED_STAGES, parse_address, run_on_server
+from slotlake.spark.server_client import SERVED_STAGES, parse_address, run_on_server
 from slotlake.spark.submit import SparkApp
 
 pytestmark = pytest.mark.unit

@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
+from slotlake.airflow.tasks import source_dag_kwargs
 from slotlake.config import Config
 from slotlake.errors import ConfigError
 from slotlake.recover.point import AS_OF_PATTERN, DEFAULT_INTO_SCHEMA, is_postgres_url, recover
@@ -69,8 +70,6 @@ def undo_from_params(cfg: Config, source_name: str, params: Mapping[str, Any]) -
 
 
 def build_recover_dag(cfg: Config, source_name: str) -> DAG:
-    from slotlake.airflow.dag_factory import source_dag_kwargs
-
     listed = cfg.source(source_name).listed_tables
     table_item: dict[str, Any] = {"type": "string"}
     if listed:

@@ -16,7 +16,9 @@ import dataclasses
 from airflow.sdk import DAG, Param, task
 from airflow.sdk.exceptions import AirflowSkipException
 
+from slotlake.airflow.tasks import source_dag_kwargs, spark_conn_id, spark_submit_task
 from slotlake.config import Config
+from slotlake.spark.submit import spark_app
 
 INTERVAL_START = "{{ data_interval_start.isoformat() }}"
 INTERVAL_END = "{{ data_interval_end.isoformat() }}"
@@ -26,9 +28,6 @@ DEST = ("{{ (params.dest.rstrip('/') ~ '/' ~ data_interval_end.strftime('%Y%m%dT
 
 
 def build_replay_dag(cfg: Config, source_name: str) -> DAG:
-    from slotlake.airflow.dag_factory import source_dag_kwargs, spark_conn_id, spark_submit_task
-    from slotlake.spark.submit import spark_app
-
     app = spark_app(cfg, source_name, "replay")  # spark_apps/replay.py
     app = dataclasses.replace(app, args=(
         *app.args, "--from", INTERVAL_START, "--to", INTERVAL_END,

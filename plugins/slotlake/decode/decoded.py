@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from slotlake.contracts import DECODED, arrow_schema
 from slotlake.decode.frames import (
     SeenCommit,
     SeenDdl,
@@ -23,15 +24,10 @@ KIND_CHANGE, KIND_COMMIT, KIND_RELATION, KIND_TYPE, KIND_DDL = "change", "commit
 
 
 def decoded_schema() -> pa.Schema:
-    s, i32, i64 = pa.string(), pa.int32(), pa.int64()
-    return pa.schema([
-        ("kind", s), ("commit_lsn", i64), ("commit_end_lsn", i64), ("commit_ts", pa.timestamp("us", tz="UTC")),
-        ("xid", i64), ("seq", i32), ("lsn", i64), ("rel_oid", i64), ("schema_name", s), ("table_name", s),
-        ("op", s), ("replica_identity", s), ("columns", pa.list_(s)), ("key_columns", pa.list_(s)),
-        ("type_oids", pa.list_(i32)), ("typmods", pa.list_(i32)), ("old_kind", s), ("old", pa.list_(s)),
-        ("new", pa.list_(s)), ("unchanged", pa.list_(i32)), ("truncate_options", i32), ("bronze_file", s),
-        ("content", pa.binary()),
-    ])
+    return _DECODED_SCHEMA
+
+
+_DECODED_SCHEMA = arrow_schema(DECODED)
 
 
 def row_of(item: StreamItem) -> tuple:

@@ -6,7 +6,6 @@ the merge an idempotent, watermarked commit (DESIGN.md invariant 4).
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
@@ -23,22 +22,25 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from slotlake.contracts import (  # gold's and history's columns: declared in contracts, used here
+    COMMIT_TS_COL,
+    DELETED_COL,
+    DUP_COL,
+    LSN_COL,
+    OP_COL,
+    STAGE_HISTORY,
+    VALID_FROM_LSN_COL,
+    VALID_FROM_TS_COL,
+    VALID_TO_LSN_COL,
+    VALID_TO_TS_COL,
+    CommitMeta,
+)
 from slotlake.decode.types import DECIMAL, spark_type
 from slotlake.errors import ConfigError, MergeError
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
 
-LSN_COL = "_slotlake_lsn"
-COMMIT_TS_COL = "_slotlake_commit_ts"
-DELETED_COL = "_slotlake_deleted"
-DUP_COL = "_slotlake_dup"
-# gold_history/<schema>/<table> (SCD2): one row per version of a source row, its life in commit LSNs and times
-VALID_FROM_LSN_COL = "_slotlake_valid_from_lsn"
-VALID_TO_LSN_COL = "_slotlake_valid_to_lsn"  # NULL while the version is current
-VALID_FROM_TS_COL = "_slotlake_valid_from_ts"
-VALID_TO_TS_COL = "_slotlake_valid_to_ts"
-OP_COL = "_slotlake_op"  # I / U of the change that opened the version; S: the gold row history started from
-HISTORY_STAGE = "history"
+HISTORY_STAGE = STAGE_HISTORY
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -201,27 +203,14 @@ def merge_commit_conf(source: str, schema_name: str, table_name: str, end_lsn: L
     }
 
 
-def stage_metadata(end_lsn: Lsn, stage: str) -> str:
-    return json.dumps({"slotlake": {"end_lsn": str(end_lsn), "stage": stage}}, separators=(",", ":"))
+def stage_metadata(end_lsn: Lsn, stage: str, **extra: Any) -> str:
+    return CommitMeta(stage, end_lsn, extra).json()
 
 
 def watermark_of(user_metadata: str | None) -> Lsn | None:
     """The end LSN a Delta commit's userMetadata records (`{"slotlake": {"end_lsn": "X/Y"}}`), else None."""
-    if not user_metadata:
-        return None
-    try:
-        doc: Any = json.loads(user_metadata)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("slotlake"), dict):
-        return None
-    end = doc["slotlake"].get("end_lsn")
-    if end is None:
-        return None
-    try:
-        return Lsn.parse(end)
-    except (ValueError, TypeError):
-        return None
+    meta = CommitMeta.parse(user_metadata)
+    return meta.end_lsn if meta else None
 
 
 def newest_watermark(history: list[tuple[int, str | None]]) -> tuple[int, Lsn] | None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from slotlake.catalog import CatalogVersion
 from slotlake.config import Config
-from slotlake.errors import ConfigError, SlotlakeError
+from slotlake.errors import ConfigError, RecoverError
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
 from slotlake.replay import Point, format_point, parse_point, parse_table
@@ -42,10 +42,6 @@ AS_OF_PATTERN = (r"^\s*([0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}|"
                  r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}(:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?)?)?"
                  r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)?)\s*$")
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-
-
-class RecoverError(SlotlakeError):
-    """A recovery cannot run as asked (point not covered, target exists, unknown table, ...)."""
 
 
 def is_postgres_url(dest: str) -> bool:

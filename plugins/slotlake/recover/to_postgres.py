@@ -24,8 +24,8 @@ from typing import Any
 from psycopg import sql
 
 from slotlake.catalog import BUILTIN_TYPE_NAMES, CatalogVersion
+from slotlake.errors import RecoverError
 from slotlake.names import TableName
-from slotlake.recover.point import RecoverError
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,8 @@ Values are rendered from gold's typed values as `'text'::type` with the type nam
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -35,6 +33,7 @@ from decimal import Decimal
 from typing import Any
 
 from slotlake.config import Config
+from slotlake.contracts import STAGE_DECODE, CommitMeta
 from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths, table_dir
 from slotlake.lsn import Lsn
@@ -415,7 +414,7 @@ def _table_undo(spark, cfg: Config, ref: TransactionRef, touched: TableTouched, 
     (spark.read.format("delta").load(paths.changes)
      .where((F.col("commit_lsn") == int(ref.commit_lsn)) & (F.col("rel_oid") == touched.rel_oid))
      .select(*SILVER_COLUMNS).write.format("delta").mode("overwrite")
-     .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(ref.commit_end_lsn), "stage": "decode"}}))
+     .option("userMetadata", CommitMeta(STAGE_DECODE, ref.commit_end_lsn).json())
      .save(tx_changes))
     run_merge(spark, cfg, source, [touched.table], silver_path=tx_changes, gold_path_for=lambda *_: target,
               end_lsn=ref.commit_end_lsn)
@@ -486,7 +485,7 @@ def undo(cfg: Config, source: str, xid: int | None = None, commit_lsn: str | Non
     ref, touched = find_transaction(cfg, source, xid, lsn)
     ours = spark is None and SparkSession.getActiveSession() is None
     spark = spark or get_spark("slotlake-undo", cfg.spark.master, cfg.spark.conf)
-    scratch = f"{LakePaths.of(cfg.lake, source).root}/_undo/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    scratch = LakePaths.of(cfg.lake, source).scratch("undo")
     try:
         tables = tuple(_table_undo(spark, cfg, ref, t, scratch) for t in touched)
     finally:

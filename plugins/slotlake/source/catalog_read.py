@@ -11,6 +11,7 @@ snapshot like any table.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -24,50 +25,16 @@ from slotlake.bronze import bronze_dir
 from slotlake.errors import DecodeError, PreflightError, SlotlakeError
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
-from slotlake.source.ddl import TableDef, table_def_from_json
+from slotlake.source.ddl import INSTALL_SQL, TableDef, table_def_from_json
 
 if TYPE_CHECKING:
     import psycopg
 
 log = logging.getLogger(__name__)
 
-# Keep in step with slotlake.table_def in sql/ddl_capture.sql (same keys, same expressions).
-_TABLE_DEFS = """
-SELECT jsonb_build_object(
-         'oid', c.oid::bigint,
-         'schema', n.nspname::text,
-         'name', c.relname::text,
-         'kind', c.relkind::text,
-         'replica_identity', c.relreplident::text,
-         'columns', coalesce((
-           SELECT jsonb_agg(jsonb_build_object(
-                    'attnum', a.attnum::int,
-                    'name', a.attname::text,
-                    'type_oid', a.atttypid::bigint,
-                    'type_name', format_type(a.atttypid, a.atttypmod),
-                    'typmod', a.atttypmod,
-                    'not_null', a.attnotnull,
-                    -- relid 0 unless the expression can name columns (generated columns; a DEFAULT cannot):
-                    -- with a relid, pg_get_expr rebuilds the column list per call, O(columns^2) per table
-                    'default', pg_get_expr(d.adbin, CASE WHEN a.attgenerated = '' THEN 0 ELSE d.adrelid END),
-                    'generated', a.attgenerated::text,
-                    'identity', a.attidentity::text,
-                    'is_key', CASE c.relreplident
-                                WHEN 'f' THEN true
-                                WHEN 'n' THEN false
-                                ELSE EXISTS (
-                                  SELECT 1 FROM pg_index i
-                                   WHERE i.indrelid = c.oid
-                                     AND CASE c.relreplident WHEN 'i' THEN i.indisreplident ELSE i.indisprimary END
-                                     AND a.attnum = ANY (i.indkey::int2[]))
-                              END)
-                  ORDER BY a.attnum)
-             FROM pg_attribute a
-             LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
-            WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]'::jsonb))
-  FROM pg_class c
-  JOIN pg_namespace n ON n.oid = c.relnamespace
- WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't'
+_SELECT_BEGIN, _SELECT_END = "-- table_def select: begin", "-- table_def select: end"
+# The table filter of a bootstrap read; the SELECT before it is slotlake.table_def's (`_table_defs_query`).
+_TABLE_DEFS_WHERE = """ WHERE c.relkind IN ('r', 'p') AND c.relpersistence <> 't'
    AND CASE WHEN %(all)s
             THEN n.nspname NOT IN ('pg_catalog', 'information_schema', 'slotlake') AND n.nspname !~ '^pg_toast'
                  AND n.nspname !~ '^pg_temp_'
@@ -75,6 +42,20 @@ SELECT jsonb_build_object(
        END
  ORDER BY n.nspname, c.relname
 """
+
+
+@functools.cache
+def _table_defs_query() -> str:
+    """slotlake.table_def's SELECT, taken from sql/ddl_capture.sql (one definition: the DDL events and the bootstrap
+    read describe a table with the same keys and expressions), over the tables `_TABLE_DEFS_WHERE` picks."""
+    text = INSTALL_SQL.read_text(encoding="utf-8")
+    try:
+        start = text.index("\n", text.index(_SELECT_BEGIN)) + 1
+        end = text.index(_SELECT_END, start)
+    except ValueError:
+        raise PreflightError(f"{INSTALL_SQL} lacks the '{_SELECT_BEGIN}' / '{_SELECT_END}' markers; "
+                             "reinstall the slotlake package") from None
+    return text[start:end] + _TABLE_DEFS_WHERE
 
 
 def generated_published(conn: psycopg.Connection, publication: str) -> bool:
@@ -112,7 +93,7 @@ def _read(conn: psycopg.Connection, tables: list[str] | None) -> list[tuple[Tabl
         cur.execute("SELECT current_setting('search_path')")
         old_path = cur.fetchone()[0]  # type: ignore[index]  # SELECT current_setting(...) returns one row
         cur.execute("SELECT set_config('search_path', 'pg_catalog, pg_temp', true)")
-        cur.execute(_TABLE_DEFS, params)
+        cur.execute(_table_defs_query(), params)
         rows = cur.fetchall()
         cur.execute("SELECT set_config('search_path', %s, true)", [old_path])
     defs = [(table_def_from_json(row[0], f"pg_catalog read of {TableName(row[0].get('schema'), row[0].get('name'))}"),
@@ -219,20 +200,3 @@ def as_published(table: TableDef, boots: list[BootstrapCatalog], lsn: int) -> Ta
 
 
 _BOOTSTRAP_NAME = re.compile(r"^[0-9A-F]{16}\.json$")
-
-
-def current_wal_lsn(conn: psycopg.Connection) -> Lsn:
-    """The server's current WAL write position, pg_current_wal_lsn() (on a standby: the last replayed position).
-
-    Asynchronous commits (synchronous_commit=off) can be ahead of it for up to wal_writer_delay; decoding stops
-    at the flushed position anyway, so such a commit simply falls into the next run.
-    """
-    from psycopg.rows import tuple_row
-
-    with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute("SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-                    "ELSE pg_current_wal_lsn() END::text")
-        row = cur.fetchone()
-    if row is None or row[0] is None:
-        raise PreflightError("the server reports no WAL position (a standby that has not replayed anything yet)")
-    return Lsn.parse(row[0])

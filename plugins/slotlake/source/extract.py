@@ -19,7 +19,7 @@ after a whole WAL record, so each call's output is whole transactions. The one t
 Commit is a non-transactional logical message (`pg_logical_emit_message(false, ...)`); the file's end LSN then
 becomes that message's LSN + 1, which is where the slot must be advanced to so the message is not sent again.
 
-Test-only failpoint: with environment variable `SLOTLAKE_FAILPOINT=extract_after_write`, a run raises right after
+Test-only failpoint (`slotlake.failpoints`): `SLOTLAKE_FAILPOINT=extract_after_write` makes a run raise right after
 placing its first file and before advancing the slot, to simulate a crash in that window.
 """
 from __future__ import annotations
@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from psycopg import sql
 
-from slotlake import bronze
+from slotlake import bronze, contracts, failpoints
 from slotlake.config import Config, SourceConfig
 from slotlake.errors import ExtractError, PreflightError, SlotLostError
 from slotlake.lsn import Lsn
@@ -47,10 +47,10 @@ from slotlake.source.snapshot import publication_start
 
 log = logging.getLogger(__name__)
 
-FAILPOINT_ENV = "SLOTLAKE_FAILPOINT"
-FAILPOINT_AFTER_WRITE = "extract_after_write"
+FAILPOINT_ENV = failpoints.ENV
+FAILPOINT_AFTER_WRITE = failpoints.EXTRACT_AFTER_WRITE
 
-SCHEMA = pa.schema([("lsn", pa.int64()), ("xid", pa.int64()), ("data", pa.binary()), ("ord", pa.int64())])
+SCHEMA = contracts.arrow_schema(contracts.BRONZE)
 _COMMIT_LEN = 26  # 'C', int8 flags, int64 commit_lsn, int64 end_lsn, int64 commit ts
 _END_LSN = struct.Struct(">Q")  # Commit.end_lsn at byte offset 10
 
@@ -289,7 +289,7 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
                                        "Commit (is streaming enabled on the slot?); nothing was archived or advanced")
                 placed = bronze.place(tmp, position, end)
                 size = os.path.getsize(placed.path)
-                if os.environ.get(FAILPOINT_ENV) == FAILPOINT_AFTER_WRITE:
+                if failpoints.active(FAILPOINT_AFTER_WRITE):
                     raise ExtractError(f"failpoint {FAILPOINT_AFTER_WRITE}: stopped after placing {placed.name} "
                                        "and before advancing the slot (test-only)")
                 # Fewer rows than upto_nchanges: the peek stopped at min(upto, flush position) and everything

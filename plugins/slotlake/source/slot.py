@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from slotlake.errors import PreflightError
 from slotlake.lsn import Lsn
 from slotlake.source.connection import scalar
 
@@ -123,8 +124,17 @@ def advance_slot(conn: psycopg.Connection, slot: str, lsn: Lsn) -> Lsn:
 
 
 def current_wal_lsn(conn: psycopg.Connection) -> Lsn:
-    """The current WAL insert position (what `status` compares the slot against)."""
-    return Lsn.parse(scalar(conn, "SELECT pg_current_wal_lsn()::text"))
+    """The server's current WAL write position, pg_current_wal_lsn() (on a standby: the last replayed position):
+    what `status` and preflight compare the slot against.
+
+    Asynchronous commits (synchronous_commit=off) can be ahead of it for up to wal_writer_delay; decoding stops
+    at the flushed position anyway, so such a commit simply falls into the next run.
+    """
+    text = scalar(conn, "SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+                        "ELSE pg_current_wal_lsn() END::text")
+    if text is None:
+        raise PreflightError("the server reports no WAL position (a standby that has not replayed anything yet)")
+    return Lsn.parse(text)
 
 
 def current_flush_lsn(conn: psycopg.Connection) -> Lsn:

@@ -24,7 +24,8 @@ the folder names encoded as in `slotlake.lake.path_segment`, so `.` separates ex
 and `manifest.json` (columns, snapshot, parts done, `complete`). Parts are written under a hidden temporary name
 and renamed into place; the manifest is rewritten atomically after every part.
 
-Test-only failpoint: `SLOTLAKE_FAILPOINT=snapshot_after_parts:N` stops the copy after N parts were recorded.
+Test-only failpoint (`slotlake.failpoints`): `SLOTLAKE_FAILPOINT=snapshot_after_parts:N` stops the copy after N parts
+were recorded.
 """
 from __future__ import annotations
 
@@ -45,10 +46,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from psycopg import sql
 
-from slotlake import bronze
+from slotlake import bronze, failpoints
 from slotlake.config import Config, SourceConfig
 from slotlake.errors import PreflightError, SlotLostError, SnapshotError
-from slotlake.lake import name_of_segment, path_segment
+from slotlake.lake import LakePaths, name_of_segment, path_segment
 from slotlake.lsn import Lsn
 from slotlake.merge.visibility import CopySnapshot
 from slotlake.names import TableName
@@ -59,8 +60,8 @@ from slotlake.source.slot import PLUGIN, SlotInfo, current_wal_lsn, slot_info
 
 log = logging.getLogger(__name__)
 
-FAILPOINT_ENV = "SLOTLAKE_FAILPOINT"
-FAILPOINT_AFTER_PARTS = "snapshot_after_parts:"
+FAILPOINT_ENV = failpoints.ENV
+FAILPOINT_AFTER_PARTS = failpoints.SNAPSHOT_AFTER_PARTS
 # The config's `snapshot:` section sets these; the environment overrides it (tests use tiny parts).
 WORKERS_ENV = "SLOTLAKE_SNAPSHOT_WORKERS"
 PART_PAGES_ENV = "SLOTLAKE_SNAPSHOT_PART_PAGES"
@@ -185,7 +186,7 @@ class SnapshotReport:
 
 def snapshot_dir(lake_root: str) -> Path:
     """`<lake>/<source>/bronze/snapshot` (local filesystem, like bronze)."""
-    return bronze.bronze_dir(lake_root) / "snapshot"
+    return bronze.local_dir(LakePaths(lake_root.rstrip("/")).snapshots)
 
 
 def copy_folder(table: str) -> str:
@@ -377,8 +378,7 @@ def _now() -> str:
 # ---- the copy -----------------------------------------------------------------------------------------------
 
 def _failpoint_parts() -> int | None:
-    value = os.environ.get(FAILPOINT_ENV, "")
-    return int(value[len(FAILPOINT_AFTER_PARTS):]) if value.startswith(FAILPOINT_AFTER_PARTS) else None
+    return failpoints.count(FAILPOINT_AFTER_PARTS)
 
 
 @dataclass

@@ -12,15 +12,13 @@ idempotent (Delta `txnAppId`/`txnVersion` and catalog versioning that skips know
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from slotlake import delta_log
+from slotlake import contracts, delta_log, failpoints
 from slotlake.bronze import BronzeFile, list_bronze
 from slotlake.catalog import (
     apply_definitions,
@@ -31,6 +29,7 @@ from slotlake.catalog import (
     write_catalog,
 )
 from slotlake.config import Config
+from slotlake.contracts import STAGE_DDL_LOG, STAGE_DECODE, CommitMeta
 from slotlake.decode.commit_ends import CommitEnds, InFileOrder
 from slotlake.decode.decoded import (
     KIND_CHANGE,
@@ -48,15 +47,10 @@ from slotlake.source.catalog_read import BootstrapCatalog, as_published, list_bo
 
 log = logging.getLogger(__name__)
 
-SILVER_DDL = (
-    "commit_lsn long, commit_end_lsn long, commit_ts timestamp, xid long, seq int, lsn long, rel_oid long, "
-    "schema_name string, table_name string, op string, replica_identity string, columns array<string>, "
-    "key_columns array<string>, type_oids array<int>, typmods array<int>, old_kind string, old array<string>, "
-    "new array<string>, unchanged array<int>, truncate_options int, bronze_file string"
-)
-SILVER_COLUMNS = [c.split()[0] for c in SILVER_DDL.split(", ")]
+SILVER_DDL = contracts.ddl(contracts.SILVER)
+SILVER_COLUMNS = contracts.names(contracts.SILVER)
 # The mapInArrow output (`decode.decoded.decoded_schema()`, which says what each kind of row carries).
-DECODED_DDL = "kind string, " + SILVER_DDL + ", content binary"
+DECODED_DDL = contracts.ddl(contracts.DECODED)
 _OUT_BATCH_ROWS = 8192  # rows per Arrow batch leaving the decoder: bounds executor memory
 
 
@@ -101,15 +95,9 @@ def decode_watermark(spark, changes_path: str, source: str) -> Lsn | None:
         return None
     # Only decode appends this table, but OPTIMIZE/VACUUM commits may sit on top: look back a little.
     for row in DeltaTable.forPath(spark, changes_path).history(100).orderBy("version", ascending=False).collect():
-        meta = row["userMetadata"]
-        if not meta:
-            continue
-        try:
-            end = json.loads(meta)["slotlake"]
-        except (ValueError, KeyError, TypeError):
-            continue
-        if end.get("stage") == "decode":
-            return Lsn.parse(end["end_lsn"])
+        meta = CommitMeta.parse(row["userMetadata"])
+        if meta is not None and meta.stage == STAGE_DECODE and meta.end_lsn is not None:
+            return meta.end_lsn
     raise DecodeError(f"{changes_path} has no slotlake decode commit in its last 100 commits; its watermark is "
                       "unknown. Do not delete silver's Delta log history; to rebuild, move the table away and "
                       "decode again from bronze")
@@ -248,12 +236,11 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
         ddl_events = write_ddl_log(spark, ddl_log_path(paths), [r for r in meta_rows if r["kind"] == KIND_DDL],
                                    source=source, end_lsn=end)
         # Test-only failpoint: the process dies after the catalog and DDL log commits, before the silver commit.
-        if os.environ.get("SLOTLAKE_FAILPOINT") == "decode_after_catalog":
-            os._exit(137)
+        failpoints.die_at(failpoints.DECODE_AFTER_CATALOG)
         changes = _by_table(_silver_rows(decoded))
         (changes.write.format("delta").mode("append")
          .option("txnAppId", app_id(source)).option("txnVersion", end.value)
-         .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(end), "stage": "decode"}}))
+         .option("userMetadata", CommitMeta(STAGE_DECODE, end).json())
          .save(paths.changes))
         n = _rows_written(paths.changes, end)
         if n is None:  # a lake Spark alone can read: count again (one more pass over the decoded rows)
@@ -315,8 +302,8 @@ def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, 
     try:
         n = _executor_errors(changes.count)
         (changes.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-         .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(upto), "stage": "decode",
-                                                          "after_lsn": str(after) if after else None}}))
+         .option("userMetadata", CommitMeta(STAGE_DECODE, upto,
+                                              {"after_lsn": str(after) if after else None}).json())
          .save(changes_path))
     finally:
         if decoded is not None:
@@ -387,15 +374,11 @@ def _update_catalog(spark, path: str, rows: list, boots: list[BootstrapCatalog],
 
 # ---- the DDL log <lake>/<source>/_ddl_log ----
 
-DDL_LOG_DDL = (
-    "commit_lsn long, commit_end_lsn long, commit_ts timestamp, xid long, lsn long, event string, "
-    "command_tag string, ddl string, ddl_truncated boolean, object_identity string, tables array<string>, "
-    "dropped array<string>, event_json string, bronze_file string"
-)
+DDL_LOG_DDL = contracts.ddl(contracts.DDL_LOG)
 
 
 def ddl_log_path(paths: LakePaths) -> str:
-    return f"{paths.root}/_ddl_log"
+    return paths.ddl_log
 
 
 def ddl_log_app_id(source: str) -> str:
@@ -423,6 +406,6 @@ def write_ddl_log(spark, path: str, rows: list, *, source: str, end_lsn: Lsn) ->
                     content.decode("utf-8"), r["bronze_file"]))
     (spark.createDataFrame(out, DDL_LOG_DDL).write.format("delta").mode("append")
      .option("txnAppId", ddl_log_app_id(source)).option("txnVersion", end_lsn.value)
-     .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(end_lsn), "stage": "ddl_log"}}))
+     .option("userMetadata", CommitMeta(STAGE_DDL_LOG, end_lsn).json())
      .save(path))
     return len(out)

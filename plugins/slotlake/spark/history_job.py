@@ -21,7 +21,6 @@ is the same whichever of the two tables a crash left behind.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -30,8 +29,9 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from slotlake import delta_log
+from slotlake import delta_log, failpoints
 from slotlake.config import SourceConfig
+from slotlake.contracts import CommitMeta
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.merge.evolution import Evolution
@@ -56,7 +56,6 @@ from slotlake.merge.plan import (
     history_schema,
     needs_column_mapping,
     stage_metadata,
-    watermark_of,
 )
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
@@ -106,22 +105,18 @@ def history_coverage(spark: SparkSession, path: str) -> HistoryCoverage | None:
     if delta_log.readable(path):
         if not delta_log.is_delta_table(path):
             return None
-        metas = [c.slotlake for c in delta_log.commits(path) if c.slotlake is not None]
+        metas = [c.meta for c in delta_log.commits(path) if c.meta is not None]
     else:
         if not DeltaTable.isDeltaTable(spark, path):
             return None
-        import json
-
-        metas = []
-        for r in DeltaTable.forPath(spark, path).history().orderBy(F.col("version").desc()).select(
-                "userMetadata").collect():
-            if watermark_of(r[0]) is not None:
-                metas.append(json.loads(r[0])["slotlake"])
-    mark = next((m["end_lsn"] for m in metas if m.get("end_lsn")), None)
-    start = next((m["history_from"] for m in metas if m.get("history_from")), None)
+        rows = DeltaTable.forPath(spark, path).history().orderBy(F.col("version").desc()).select(
+            "userMetadata").collect()
+        metas = [m for m in (CommitMeta.parse(r[0]) for r in rows) if m is not None]
+    mark = next((m.end_lsn for m in metas if m.end_lsn is not None), None)
+    start = next((m.get("history_from") for m in metas if m.get("history_from")), None)
     if mark is None or start is None:
         return None
-    return HistoryCoverage(Lsn.parse(start), Lsn.parse(mark))
+    return HistoryCoverage(Lsn.parse(start), mark)
 
 
 def history_as_of(spark: SparkSession, path: str, lsn: Lsn) -> DataFrame:
@@ -144,7 +139,8 @@ def write_history(session: SparkSession, hb: HistoryBatch) -> None:
     """Bring `gold_history/<schema>/<table>` to the run's end, right before the table's gold commit."""
     from delta.tables import DeltaTable
 
-    from slotlake.spark.merge_job import _evolve_gold, delta_state
+    from slotlake.spark.evolve_job import evolve_gold as _evolve_gold
+    from slotlake.spark.watermarks import delta_state
 
     name = str(TableName(hb.schema, hb.table))
     path = hb.paths.gold_history(hb.schema, hb.table)
@@ -202,8 +198,7 @@ def write_history(session: SparkSession, hb: HistoryBatch) -> None:
     _with_conf(session, conf, builder.execute)
     log.info("%s: history written up to %s (%s)", name, hb.end, path)
     # Test-only failpoint: the process dies after the history commit, before the table's gold commit.
-    if os.environ.get("SLOTLAKE_FAILPOINT") == "merge_after_history":
-        os._exit(137)
+    failpoints.die_at(failpoints.MERGE_AFTER_HISTORY)
 
 
 def _with_conf(session: SparkSession, conf: dict[str, str], write: Any) -> None:
@@ -237,7 +232,7 @@ def _start_from_gold(session: SparkSession, hb: HistoryBatch, path: str, start: 
             cols.append(F.lit(None).cast(f.dataType).alias(f.name))
         else:
             cols.append(F.col(_q(f.name)))
-    meta = stage_metadata(start, HISTORY_STAGE).replace('"stage"', f'"history_from":"{start}","stage"')
+    meta = stage_metadata(start, HISTORY_STAGE, history_from=str(start))
     writer = (gold.select(*cols).write.format("delta").mode("overwrite").option("overwriteSchema", "true")
               .option("userMetadata", meta))
     if needs_column_mapping(gold.columns):
@@ -253,7 +248,8 @@ def _events(plan: TablePlan, hb: HistoryBatch, changes: DataFrame, open_rows: Da
     """One row per version opened (`__kind` open, values `__v{i}`) or ended (`close`) by a change, with `__key`
     (the row's identity: the key; for FULL the whole row and its copy number; for inserts-only the change),
     `__id` = (commit_lsn, seq), `__sub` (a change ends its old version before it opens the new one)."""
-    from slotlake.spark.merge_job import _typed_layouts, keyed_states
+    from slotlake.spark.evolve_job import typed_layouts as _typed_layouts
+    from slotlake.spark.lineage import keyed_states
 
     ncols = len(plan.shape.columns)
     def numeric(column: str) -> str:

@@ -13,15 +13,14 @@ removed afterwards.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
-import uuid
 from datetime import UTC, datetime
 
 from slotlake.bronze import covered_lsn, list_bronze, max_archived_end
 from slotlake.catalog import CatalogVersion, read_catalog
 from slotlake.config import Config
+from slotlake.contracts import STAGE_RECOVER, CommitMeta
 from slotlake.lake import LakePaths, table_dir
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import COLUMN_MAPPING, needs_column_mapping
@@ -97,7 +96,7 @@ def run_recover(spark, cfg: Config, req: RecoverRequest, password: str | None = 
         if there:
             raise RecoverError(f"recover {source}: {', '.join(there)} already exist(s) under {req.to_delta}; pass "
                                "--replace to overwrite, or choose another --to")
-    scratch = f"{paths.root}/_recover/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    scratch = paths.scratch("recover")
     # A table whose history table covers L is read from it (no re-decode); the others are rebuilt by replay.
     from_history = tuple(t for t in req.tables if _history_covers(spark, paths, t, lsn))
     replayed = tuple(t for t in req.tables if t not in from_history)
@@ -178,8 +177,8 @@ def _to_delta(spark, req: RecoverRequest, table: TableName, df) -> RecoveredTabl
     if req.replace:
         _delete_path(spark, target)  # a new table, not a new version of whatever was there
     writer = df.write.format("delta").mode("errorifexists").option(
-        "userMetadata", json.dumps({"slotlake": {"stage": "recover", "source": req.source,
-                                                 "as_of": format_point(req.as_of)}}))
+        "userMetadata",
+        CommitMeta(STAGE_RECOVER, None, {"source": req.source, "as_of": format_point(req.as_of)}).json())
     if needs_column_mapping(df.columns):
         writer = writer.option(COLUMN_MAPPING, "name")
     writer.save(target)

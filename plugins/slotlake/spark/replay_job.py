@@ -9,14 +9,13 @@ Scratch tables live under `<lake>/<source>/_replay/<run id>/` and are removed af
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 
 from slotlake.bronze import covered_lsn, max_archived_end
 from slotlake.config import Config
+from slotlake.contracts import STAGE_MERGE, CommitMeta
 from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths, table_dir
 from slotlake.lsn import Lsn
@@ -125,9 +124,8 @@ def _delete_path(spark, path: str) -> None:
 
 
 def _meta(end: Lsn, stage: str, req: ReplayRequest, frm: Lsn, to: Lsn) -> str:
-    return json.dumps({"slotlake": {"end_lsn": str(end), "stage": stage,
-                                    "replay": {"from": str(frm), "to": str(to), "asked": [format_point(req.from_),
-                                                                                          format_point(req.to)]}}})
+    return CommitMeta(stage, end, {"replay": {"from": str(frm), "to": str(to),
+                                              "asked": [format_point(req.from_), format_point(req.to)]}}).json()
 
 
 def _tables(spark, cfg: Config, req: ReplayRequest, scratch_changes: str, runs_path: str) -> list[tuple[str, str]]:
@@ -155,7 +153,7 @@ def _build(spark, cfg: Config, source: str, schema: str, table: str, base: tuple
     if base is not None:
         state = spark.read.format("delta").option("versionAsOf", base[1]).load(gold)
         writer = (state.write.format("delta").mode("overwrite")
-                  .option("userMetadata", json.dumps({"slotlake": {"end_lsn": str(base[0]), "stage": "merge"}})))
+                  .option("userMetadata", CommitMeta(STAGE_MERGE, base[0]).json()))
         if needs_column_mapping(state.columns):
             writer = writer.option(COLUMN_MAPPING, "name")
         writer.save(target)
@@ -186,7 +184,7 @@ def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
     if req.dest is None and to > silver_end and silver_end != max_archived_end(paths.root):
         # (silver at bronze's last file: every commit up to `covered` is decoded)
         raise ReplayError(f"replay {source}: --to {to} is past silver ({silver_end}); decode first (slotlake sync)")
-    scratch = f"{paths.root}/_replay/{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+    scratch = paths.scratch("replay")
     scratch_changes = f"{scratch}/changes"
     every = not req.tables and not cfg.source(source).tables
     try:

@@ -1,4 +1,4 @@
-"""A long-lived Spark driver for the slotlake apps: `slotlake spark-server`, and the client `run_on_server`.
+"""A long-lived Spark driver for the slotlake apps: `slotlake spark-server` (its client: `server_client`).
 
 A spark-submit pays a JVM start, the loading of Spark's and Delta's classes and a cold JIT on every run: about
 9 s before the first Spark job of a sync, and the first Delta operations of a JVM run several times slower than
@@ -27,25 +27,12 @@ import threading
 import time
 from typing import Any
 
-from slotlake.config import Config, host_port
+from slotlake.config import Config
 from slotlake.errors import SlotlakeError
+from slotlake.spark.code import code_digest
+from slotlake.spark.server_client import SERVED_STAGES, parse_address, send_message
 
 log = logging.getLogger(__name__)
-
-SERVED_STAGES = frozenset({"decode", "merge", "sync", "snapshot", "replay"})
-CONNECT_TIMEOUT_S = 5.0
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    address = host_port(text)
-    if address is None:
-        raise SlotlakeError(f"{text!r} is not host:port (e.g. 127.0.0.1:7079)")
-    return address
-
-
-def _send(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.sendall((json.dumps(message) + "\n").encode())
-
 
 class _LineSender(logging.Handler):
     """Sends the log records of a running app to its client; if the client is gone, cancels the app's Spark jobs
@@ -62,7 +49,7 @@ class _LineSender(logging.Handler):
         try:
             line = self.format(record)
             with self._lock:
-                _send(self._sock, {"log": line})
+                send_message(self._sock, {"log": line})
         except OSError:
             self.gone = True
             self._spark.sparkContext.cancelAllJobs()
@@ -98,25 +85,28 @@ class _Handler(socketserver.StreamRequestHandler):
         try:
             request = json.loads(self.rfile.readline() or b"{}")
         except ValueError:
-            _send(self.request, {"exit": 1, "error": "the request is not JSON: send one line {stage, argv, code}"})
+            send_message(self.request,
+                         {"exit": 1, "error": "the request is not JSON: send one line {stage, argv, code}"})
             return
         if request.get("code") != self.server.digest:
-            _send(self.request, {"exit": 2, "error": f"this Spark server runs slotlake code {self.server.digest}, "
-                                 f"the client {request.get('code')}: restart `slotlake spark-server`"})
+            send_message(self.request, {"exit": 2, "error": f"this Spark server runs slotlake code "
+                                        f"{self.server.digest}, the client {request.get('code')}: restart "
+                                        "`slotlake spark-server`"})
             return
         stage, argv = str(request.get("stage")), [str(a) for a in request.get("argv") or []]
         if stage not in SERVED_STAGES:
-            _send(self.request, {"exit": 1, "error": f"stage {stage!r} is not served here: run it with spark-submit"})
+            send_message(self.request,
+                         {"exit": 1, "error": f"stage {stage!r} is not served here: run it with spark-submit"})
             return
         with self.server.run_lock:  # one app at a time: they share the driver's cores and cache
             if self.server.spark_died or self.server.stop_if_spark_died():
-                _send(self.request, {"exit": 2, "error": "this Spark server's SparkContext is gone: restart "
+                send_message(self.request, {"exit": 2, "error": "this Spark server's SparkContext is gone: restart "
                                      "`slotlake spark-server`"})
                 return
             reply = run_request(self.server.spark, stage, argv, self.request)
             if reply["exit"] != 0:
                 self.server.stop_if_spark_died()
-            _send(self.request, reply)
+            send_message(self.request, reply)
 
 
 def run_request(spark, stage: str, argv: list[str], sock: socket.socket) -> dict[str, Any]:
@@ -158,8 +148,6 @@ def serve(cfg: Config, address: str, *, ready=None) -> bool:
     import signal
 
     from slotlake.spark.session import get_spark
-    from slotlake.spark.submit import code_digest
-
     host, port = parse_address(address)
     digest = code_digest()
     spark = get_spark("slotlake-spark-server", cfg.spark.master, cfg.spark.conf)
@@ -177,48 +165,6 @@ def serve(cfg: Config, address: str, *, ready=None) -> bool:
         if not server.spark_died:
             spark.stop()
     return not server.spark_died
-
-
-def run_on_server(app) -> bool:
-    """Run `app` (a `slotlake.spark.submit.SparkApp`) on the Spark server at `app.server`, streaming its output to
-    the log. True: it ran (raises SlotlakeError if it failed); False: the server could not take it (not
-    reachable, other code, a stage it does not serve): the caller runs it with spark-submit."""
-    from slotlake.spark.submit import code_digest
-
-    if app.stage not in SERVED_STAGES:
-        return False
-    host, port = parse_address(app.server)
-    try:
-        sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-    except OSError as e:
-        log.warning("no slotlake Spark server at %s (%s): running %s with spark-submit; start `slotlake "
-                    "spark-server` or remove spark.server", app.server, e.strerror or e, app.name)
-        return False
-    with sock:
-        sock.settimeout(None)  # an app runs as long as it needs
-        _send(sock, {"stage": app.stage, "argv": list(app.args), "code": code_digest()})
-        log.info("running %s on the Spark server at %s", app.name, app.server)
-        final: dict[str, Any] = {}
-        for raw in sock.makefile("r", encoding="utf-8", errors="replace"):
-            message = json.loads(raw)
-            if "log" in message:
-                log.info("[%s] %s", app.name, message["log"])
-            else:
-                final = message
-                break
-    code = final.get("exit")
-    if code == 0:
-        for line in final.get("lines", []):
-            log.info("[%s] %s", app.name, line)
-        log.info("%s finished on the Spark server", app.name)
-        return True
-    if code == 2:
-        log.warning("%s: %s; running it with spark-submit", app.name, final.get("error"))
-        return False
-    if code is None:
-        raise SlotlakeError(f"the Spark server at {app.server} closed the connection while running {app.name} "
-                            "(did it stop?); run the sync again: every stage is idempotent")
-    raise SlotlakeError(f"Spark app {app.name} failed on the Spark server at {app.server}: {final.get('error')}")
 
 
 def main_serve(cfg: Config, address: str) -> int:

@@ -44,7 +44,7 @@ from slotlake.merge.visibility import CopySnapshot
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
 from slotlake.source.snapshot import SNAPSHOT_PROPERTY, TableCopy, load_candidates, part_paths, pending_loads
-from slotlake.spark.merge_job import ensure_quarantine, quarantine_bad_values, typed_changes
+from slotlake.spark.typing_job import ensure_quarantine, quarantine_bad_values, typed_changes
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,6 @@ The CLI runs `spark_submit_command(app)` in a subprocess (`run_spark_app`); the 
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import os
 import re
@@ -23,6 +22,7 @@ from typing import Literal
 
 from slotlake.config import Config
 from slotlake.errors import ConfigError, SlotlakeError
+from slotlake.spark.code import code_digest, package_files
 from slotlake.spark.session import PACKAGE_DIR, spark_conf
 
 log = logging.getLogger(__name__)
@@ -84,26 +84,13 @@ def spark_app(cfg: Config, source_name: str, stage: Stage, *, tables: Sequence[s
                     server=cfg.spark.server)
 
 
-def _package_files() -> list[Path]:
-    return sorted(p for p in PACKAGE_DIR.rglob("*.py") if "__pycache__" not in p.parts)
-
-
-def code_digest() -> str:
-    """A hash of the slotlake sources: names one code version (the --py-files zip, the Spark server's code)."""
-    digest = hashlib.sha256()
-    for p in _package_files():
-        digest.update(str(p.relative_to(PACKAGE_DIR)).encode())
-        digest.update(p.read_bytes())
-    return digest.hexdigest()[:16]
-
-
 def code_zip() -> str:
     """Build (or reuse) the zip of the slotlake package that --py-files ships to a cluster; returns its path.
 
     Named by a hash of the sources, so it is built once per code version and a concurrent run never sees a
     half-written file (written to a temp name, then renamed).
     """
-    files = _package_files()
+    files = package_files()
     out_dir = Path(os.environ.get("SLOTLAKE_WORK_DIR", tempfile.gettempdir())) / "slotlake-pyfiles"
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / f"slotlake-{code_digest()}.zip"
@@ -150,7 +137,7 @@ def run_spark_app(app: SparkApp) -> None:
     server cannot take it (not running, other code), a warning says why and spark-submit runs it as usual.
     """
     if app.server:
-        from slotlake.spark.server import run_on_server
+        from slotlake.spark.server_client import run_on_server
 
         if run_on_server(app):
             return

@@ -57,6 +57,7 @@ CREATE OR REPLACE FUNCTION slotlake.table_def(rel oid) RETURNS jsonb
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
+  -- table_def select: begin (slotlake.source.catalog_read runs this same text over many tables)
   SELECT jsonb_build_object(
            'oid', c.oid::bigint,
            'schema', n.nspname::text,
@@ -91,6 +92,7 @@ AS $fn$
               WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped), '[]'::jsonb))
     FROM pg_class c
     JOIN pg_namespace n ON n.oid = c.relnamespace
+  -- table_def select: end
    WHERE c.oid = rel AND c.relkind IN ('r', 'p')
 $fn$;
 

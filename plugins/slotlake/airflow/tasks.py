@@ -1,0 +1,170 @@
+"""What every slotlake DAG is built from: the Spark connection, the Spark tasks (spark-submit, or a Python task
+sending the app to the Spark server) with the source's run lock and the extract's skip rule, and the `DAG(...)`
+arguments the per-source DAGs share. Used by `dag_factory` (sync), `replay_dag` and `recover_dag`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import CronDataIntervalTimetable
+from airflow.sdk.exceptions import AirflowSkipException
+
+from slotlake import pipeline
+from slotlake.config import Config, SourceConfig
+from slotlake.pending import PendingWork
+from slotlake.spark.submit import SparkApp, code_zip, run_spark_app
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SPARK_CONN_ID = "slotlake_spark"
+
+
+def spark_conn_id(cfg: Config) -> str:
+    """The Spark connection the operators use: the configured `spark.conn_id`, else one built from `spark.master`.
+
+    SparkSubmitHook takes the master from a connection (defaulting to yarn when it finds none), so without a
+    configured one we define `slotlake_spark` through the environment (AIRFLOW_CONN_<ID>, JSON form). Every
+    process that parses this DAG file (scheduler, worker, `airflow dags test`) defines it the same way.
+    """
+    if cfg.spark.conn_id:
+        return cfg.spark.conn_id
+    os.environ[f"AIRFLOW_CONN_{DEFAULT_SPARK_CONN_ID.upper()}"] = json.dumps(
+        {"conn_type": "spark", "host": cfg.spark.master})
+    return DEFAULT_SPARK_CONN_ID
+
+
+def _ship_code(context: Mapping[str, Any]) -> None:
+    # Built just before submitting (not at parse time): the zip of plugins/slotlake for a cluster's executors.
+    context["task"].py_files = code_zip()
+
+
+_HELD: dict[tuple[str, str], ExitStack] = {}  # (run_id, task_id) -> the run lock a SparkSubmit task holds
+
+
+def _replay_to_dest(args: list[str]) -> bool:
+    """A `--dest` replay only reads the lake: it runs without the source's run lock."""
+    return "--dest" in args[:-1] and bool(args[args.index("--dest") + 1].strip())
+
+
+def _take_lock(source: SourceConfig, ship_code: bool, context: Mapping[str, Any]) -> None:
+    # pre_execute: the task's own process holds the source's run lock while spark-submit runs, as the CLI does
+    # around its Spark apps; released by post_execute / on_failure_callback (or by PostgreSQL if the process dies).
+    from slotlake.source.lock import source_lock
+
+    task = context["task"]
+    if ship_code:
+        _ship_code(context)
+    if _replay_to_dest(list(getattr(task, "application_args", None) or [])):
+        return
+    stack = ExitStack()
+    stack.enter_context(source_lock(source, task.task_id))
+    _HELD[(str(context.get("run_id")), task.task_id)] = stack
+
+
+def _release_lock(context: Mapping[str, Any], *_: Any) -> None:
+    stack = _HELD.pop((str(context.get("run_id")), context["task"].task_id), None)
+    if stack is not None:
+        stack.close()
+
+
+Due = Callable[[Mapping[str, Any]], str | None]  # (task context) -> why the app must run, None: skip it
+
+
+def _extract_pending(context: Mapping[str, Any]) -> PendingWork:
+    return pipeline.pending_of(context["ti"].xcom_pull(task_ids="extract") or {})
+
+
+def decode_due(context: Mapping[str, Any]) -> str | None:
+    return _extract_pending(context).decode
+
+
+def merge_due(context: Mapping[str, Any]) -> str | None:
+    pending = _extract_pending(context)
+    return None if pending.idle else (pending.merge or pending.decode)
+
+
+def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig) -> Callable[[Mapping[str, Any]], None]:
+    def run(context: Mapping[str, Any]) -> None:
+        if due is not None:
+            reason = due(context)
+            if reason is None:
+                # No spark-submit: the task ends SKIPPED and says why (the extract's decision).
+                raise AirflowSkipException(f"{app.name}: {_extract_pending(context).describe()}")
+            log.info("%s: %s", app.name, reason)
+        _take_lock(source, app.ship_code, context)
+
+    return run
+
+
+def spark_submit_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig, due: Due | None = None,
+                      **kwargs: Any) -> SparkSubmitOperator:
+    """A SparkSubmitOperator running `app` exactly as `slotlake.spark.submit.run_spark_app` would, holding the
+    source's run lock (`slotlake.source.lock`) while it runs; with `due`, it skips itself (before spark-submit)
+    when `due(context)` gives no reason to run."""
+    return SparkSubmitOperator(
+        task_id=task_id,
+        application=app.application,
+        application_args=list(app.args),
+        conf=dict(app.conf),
+        conn_id=conn_id,
+        name=app.name,
+        env_vars=dict(app.env),
+        spark_binary=app.spark_submit,
+        pre_execute=_pre_execute(app, due, source),
+        post_execute=_release_lock,
+        on_failure_callback=_release_lock,
+        **kwargs,
+    )
+
+
+def spark_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig, due: Due | None = None,
+               **kwargs: Any):
+    """The task running `app`: a SparkSubmitOperator, or with `spark.server` configured a Python task sending it
+    to the Spark server (`run_spark_app`: falls back to spark-submit if the server cannot take it), with the same
+    run lock and skip rule."""
+    if not app.server:
+        return spark_submit_task(app, task_id, conn_id, source, due, **kwargs)
+
+    def run_on_spark_server() -> None:
+        run_spark_app(app)
+
+    return PythonOperator(
+        task_id=task_id,
+        python_callable=run_on_spark_server,
+        # The server's driver has the code: no zip to build (a spark-submit fallback ships its own, run_spark_app).
+        pre_execute=_pre_execute(dataclasses.replace(app, ship_code=False), due, source),
+        post_execute=_release_lock,
+        on_failure_callback=_release_lock,
+        **kwargs,
+    )
+
+
+def _start_date(text: str) -> datetime:
+    return datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC)
+
+
+def source_dag_kwargs(cfg: Config, source_name: str, **extra: Any) -> dict[str, Any]:
+    """The `DAG(...)` arguments every per-source DAG shares: the source's cron schedule as data intervals in UTC,
+    its start date, no catch-up, one active run at a time, no task retries (every stage is idempotent; the next
+    run is the retry), the slotlake tags. `extra` adds or overrides (dag_id, description, more tags, ...)."""
+    source = cfg.source(source_name)
+    tags = ["slotlake", f"source:{source_name}", *extra.pop("extra_tags", ())]
+    default_args = {"retries": 0, **extra.pop("default_args", {})}
+    return {
+        "schedule": CronDataIntervalTimetable(source.schedule, timezone="UTC"),
+        "start_date": _start_date(source.start_date),
+        "catchup": False,
+        "max_active_runs": 1,
+        "tags": tags,
+        "default_args": default_args,
+        **extra,
+    }

@@ -1,0 +1,76 @@
+"""A Delta table's slotlake watermark: the end LSN its newest slotlake commit records (docs/internals.md "Gold").
+
+Read from the JSON commits of a local table without a Spark job, else from the Delta history with Spark.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pyspark.sql import SparkSession
+
+from slotlake import delta_log
+from slotlake.lsn import Lsn
+from slotlake.merge.plan import (
+    newest_watermark,
+)
+
+log = logging.getLogger(__name__)
+
+_RECENT_COMMITS = 20
+
+
+@dataclass(frozen=True)
+class DeltaState:
+    """What a Delta table's history says: its latest version and the newest slotlake watermark."""
+
+    version: int | None  # None: no Delta table at the path
+    watermark: Lsn | None
+    marked_version: int | None = None  # the version of the newest commit with a watermark
+
+
+def delta_state(spark: SparkSession, path: str) -> DeltaState:
+    """Latest version and watermark (end LSN of the newest commit with slotlake userMetadata) of `path`."""
+    from delta.tables import DeltaTable
+
+    if delta_log.readable(path):
+        local = _local_delta_state(path)
+        if local is not None:
+            return local
+    if not DeltaTable.isDeltaTable(spark, path):
+        return DeltaState(None, None)
+    table = DeltaTable.forPath(spark, path)
+    # The newest commits first: every slotlake write carries the watermark, so the full history (a month of
+    # hourly commits) is read only when the recent ones are all someone else's (OPTIMIZE, VACUUM, ...).
+    def history(limit: int | None) -> list[tuple[int, str | None]]:
+        h = table.history(limit) if limit else table.history()
+        return [(r["version"], r["userMetadata"]) for r in h.select("version", "userMetadata").collect()]
+
+    rows = history(_RECENT_COMMITS)
+    newest = newest_watermark(rows)
+    if newest is None and len(rows) >= _RECENT_COMMITS:
+        rows = history(None)
+        newest = newest_watermark(rows)
+    return DeltaState(max(v for v, _ in rows), newest[1] if newest else None, newest[0] if newest else None)
+
+
+def _local_delta_state(path: str) -> DeltaState | None:
+    """`delta_state` from the JSON commits of a local table, without a Spark job (each history() call is one or
+    more, several per table and run); None when the log holds no JSON commit (only a checkpoint): ask Spark."""
+    if not delta_log.is_delta_table(path):
+        return DeltaState(None, None)
+    version = None
+    for c in delta_log.commits(path):
+        if version is None:
+            version = c.version
+        if c.end_lsn is not None:
+            try:
+                return DeltaState(version, Lsn.parse(c.end_lsn), c.version)
+            except (ValueError, TypeError):
+                pass  # not a watermark (as `watermark_of` skips it)
+    return DeltaState(version, None, None) if version is not None else None
+
+
+def delta_watermark(spark: SparkSession, path: str) -> Lsn | None:
+    """The end LSN recorded by the newest slotlake commit of the Delta table at `path` (None: none/no table)."""
+    return delta_state(spark, path).watermark
