@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "plugins"))
+sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 sys.path.insert(0, str(ROOT / "tests"))
 
 import pyarrow as pa
@@ -36,9 +37,9 @@ import pyarrow.compute as pc
 from pgframes import Capture
 from slotlake.decode.decoded import KIND_CHANGE, decoded_schema, row_of, rows_to_batch
 from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder
-from slotlake.localpg import LocalPostgres, pg_bindir
 from slotlake.lsn import Lsn
 from slotlake.spark.decode_job import decode_partition
+from slotlake_dev.localpg import LocalPostgres, pg_bindir
 
 IN_BATCH_ROWS = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch
 OUT_BATCH_ROWS = 8192

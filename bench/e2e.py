@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "plugins"))
+sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 sys.path.insert(0, str(ROOT / "tests"))
 
 import psycopg  # noqa: E402
@@ -47,7 +48,7 @@ from extract import baseline  # noqa: E402  (bench/extract.py: the raw pull of s
 from slotlake import delta_log  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
-from slotlake.localpg import LocalPostgres, pg_bindir  # noqa: E402
+from slotlake_dev.localpg import LocalPostgres, pg_bindir  # noqa: E402
 from sparkserver import free_port, spark_server  # noqa: E402  (tests/sparkserver.py)
 
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]

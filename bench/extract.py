@@ -23,11 +23,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "plugins"))
+sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 
 import psycopg  # noqa: E402
 
 from slotlake.config import ExtractSettings, parse_config  # noqa: E402
-from slotlake.localpg import LocalPostgres  # noqa: E402
+from slotlake_dev.localpg import LocalPostgres  # noqa: E402
 
 SCHEMA = """
 CREATE TABLE accounts (aid int PRIMARY KEY, bid int NOT NULL, abalance int NOT NULL, filler char(84));

@@ -29,10 +29,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "plugins"))
+sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 
 import psycopg
 
-from slotlake.localpg import LocalPostgres, pg_bindir
+from slotlake_dev.localpg import LocalPostgres, pg_bindir
 
 TABLE = "public.pgbench_accounts"
 SUMS = "count(*), sum(aid), sum(bid), sum(abalance)"

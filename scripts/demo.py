@@ -15,13 +15,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "plugins"))
+sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 
 import psycopg  # noqa: E402
 
-from slotlake.airflow.local import dags_test, local_airflow_env, migrate  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
-from slotlake.localpg import LocalPostgres  # noqa: E402
+from slotlake_dev.airflow_local import dags_test, local_airflow_env, migrate  # noqa: E402
+from slotlake_dev.localpg import LocalPostgres  # noqa: E402
 
 TABLES = ["public.customers", "public.orders", "public.order_items", "public.products"]
 

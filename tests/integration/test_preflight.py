@@ -9,11 +9,11 @@ import pytest
 from slotlake.bronze import bronze_dir
 from slotlake.config import parse_config
 from slotlake.errors import PreflightError, SlotLostError
-from slotlake.localpg import LocalPostgres, free_port
 from slotlake.source.connection import connect, redact, resolve_dsn
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
 from slotlake.source.slot import slot_info
+from slotlake_dev.localpg import LocalPostgres, free_port
 
 pytestmark = pytest.mark.integration
 

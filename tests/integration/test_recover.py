@@ -274,7 +274,7 @@ def test_recover_to_delta_refuses_an_existing_table_without_replace(spark, lake,
 @pytest.mark.airflow
 @pytest.mark.slow
 def test_recover_dag_through_airflow_dags_test(lake, tmp_path):
-    from slotlake.airflow.local import dags_test, local_airflow_env, migrate
+    from slotlake_dev.airflow_local import dags_test, local_airflow_env, migrate
 
     env = local_airflow_env(tmp_path / "airflow", lake.config_path)
     migrate(env)

@@ -116,7 +116,7 @@ def _state(dsn: str, table: str) -> list[tuple]:
 
 def _apply(dsn: str, script: str) -> subprocess.CompletedProcess[str]:
     """Run the script as a user would: psql -v ON_ERROR_STOP=1 -f FILE."""
-    from slotlake.localpg import pg_bindir
+    from slotlake_dev.localpg import pg_bindir
 
     return subprocess.run([str(pg_bindir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn],
                           input=script, capture_output=True, text=True, timeout=300)

@@ -6,10 +6,10 @@ import pytest
 
 from slotlake.config import parse_config
 from slotlake.errors import ConfigError, PreflightError
-from slotlake.localpg import parse_major
 from slotlake.lsn import Lsn
 from slotlake.source.extract import origin_option
 from slotlake.source.slot import SlotInfo, format_seconds, lost_slot_message
+from slotlake_dev.localpg import parse_major
 
 pytestmark = pytest.mark.unit
 
