@@ -322,6 +322,50 @@ def test_table_without_select_right_fails_naming_it(pg_db, pg_server, tmp_path):
         _sql(pg_db, f"DROP OWNED BY {role}; DROP ROLE {role}")
 
 
+def test_a_part_that_fails_is_copied_again_on_a_new_connection(pg_db, tmp_path, spark, monkeypatch):
+    """A part whose connection dies is copied once more on a new connection in the same exported snapshot; the
+    copy completes and gold equals PostgreSQL."""
+    _sql(pg_db, SCHEMA)
+    real = snap._copy_part
+    failed: list[tuple[str, int]] = []
+
+    def dies_once(bulk, copy, part, folder):
+        if not failed and part.index == 1:
+            failed.append((part.table, part.index))
+            bulk.close()  # the connection is gone mid-copy
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return real(bulk, copy, part, folder)
+
+    monkeypatch.setattr(snap, "_copy_part", dies_once)
+    cfg = _config(tmp_path / "lake", pg_db, TABLES)
+    assert run_preflight(cfg, cfg.source(SRC)).slot_created
+    assert failed, "no part failed: the retry path did not run"
+    root = LakePaths.of(cfg.lake, SRC).root
+    gen = snap.current_generation(root)
+    with psycopg.connect(pg_db) as c:
+        for t in TABLES:
+            copy = snap.complete_copy(root, t, gen)
+            assert copy is not None and sorted(p["index"] for p in copy.parts) == list(range(copy.parts_total))
+            assert sum(p["rows"] for p in copy.parts) == c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+    _sync(spark, cfg)
+    _assert_equal(spark, cfg, pg_db, TABLES)
+
+
+def test_no_connection_in_the_snapshot_fails_the_copy_in_one_line(pg_db, tmp_path, monkeypatch):
+    _sql(pg_db, SCHEMA)
+
+    def refused(source, snapshot_name):
+        raise psycopg.OperationalError("connection refused")
+
+    monkeypatch.setattr(snap, "_open_in_snapshot", refused)
+    cfg = _config(tmp_path / "lake", pg_db, TABLES)
+    with pytest.raises(SnapshotError, match=r"^snapshot shop: cannot open a copy connection in the snapshot: "
+                                            r"connection refused$"):
+        run_preflight(cfg, cfg.source(SRC))
+    root = LakePaths.of(cfg.lake, SRC).root
+    gen = snap.current_generation(root)
+    assert gen is None or all(snap.complete_copy(root, t, gen) is None for t in TABLES)
+
 def test_spark_visibility_predicate_matches_the_pure_rule(spark):
     from slotlake.lsn import Lsn
     from slotlake.merge.visibility import CopySnapshot, seen_by_copy

@@ -32,10 +32,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -381,6 +381,14 @@ def _failpoint_parts() -> int | None:
     return failpoints.count(FAILPOINT_AFTER_PARTS)
 
 
+class _OpenFailed(Exception):
+    """A worker could not open its connection in the snapshot (the cause is chained)."""
+
+
+class _Stopped(Exception):
+    """The copy is stopping: a part not started yet is not copied."""
+
+
 @dataclass
 class _Progress:
     """Per-table running totals (coordinator thread only)."""
@@ -451,8 +459,8 @@ def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], s
     """Copy `copies` (manifests planned by the caller) under the exported snapshot `snapshot_name`, on `workers`
     connections, in parts of `part_pages` blocks (`_sizes`). The snapshot must stay exported (its transaction or
     replication connection open) meanwhile."""
-    work: queue.Queue[_Part | None] = queue.Queue()
     progress: dict[str, _Progress] = {}
+    todo: list[_Part] = []
     t0 = time.monotonic()
     for c in copies:
         parts = plan_parts(c.table, pages[c.table], part_pages, partitioned=pages[c.table] < 0)
@@ -460,71 +468,59 @@ def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], s
         copy_dir(lake_root, c.table, c.copy_id).mkdir(parents=True, exist_ok=True)
         _write_atomic(copy_dir(lake_root, c.table, c.copy_id) / MANIFEST, c.to_json())
         progress[c.table] = _Progress(c, t0)
-        for p in parts:
-            work.put(p)
-    nworkers = max(1, min(workers, work.qsize()))
-    for _ in range(nworkers):
-        work.put(None)
-    results: queue.Queue[tuple[str, _Part, dict[str, Any] | BaseException]] = queue.Queue()
-    stop = threading.Event()
+        todo += parts
     dsn = resolve_dsn(source)
+    stop = threading.Event()
+    local = threading.local()  # each worker thread's connection in the snapshot
+    opened: list[Any] = []
+    opened_lock = threading.Lock()
 
-    def worker() -> None:
-        try:
+    def connection() -> Any:
+        bulk = getattr(local, "bulk", None)
+        if bulk is None:
             bulk = _open_in_snapshot(source, snapshot_name)
-        except BaseException as e:  # noqa: BLE001 - reported to the coordinator
-            results.put(("open", _Part("", -1, None, None), e))
-            return
-        try:
-            while not stop.is_set():
-                part = work.get()
-                if part is None:
-                    return
-                c = progress[part.table].copy
-                try:
-                    entry = _copy_part(bulk, c, part, copy_dir(lake_root, c.table, c.copy_id))
-                except Exception as first:  # noqa: BLE001
-                    # Once more on a new connection in the same snapshot (still exported: the coordinator holds
-                    # it), e.g. after a dropped connection; a second failure fails the copy.
-                    log.warning("snapshot %s: %s part %d failed (%s); retrying it once in the same snapshot",
-                                source.name, part.table, part.index, scrub(str(first), dsn))
-                    try:
-                        bulk.close()
-                    except Exception:  # noqa: BLE001 - replaced below
-                        pass
-                    try:
-                        bulk = _open_in_snapshot(source, snapshot_name)
-                        entry = _copy_part(bulk, c, part, copy_dir(lake_root, c.table, c.copy_id))
-                    except BaseException as e:  # noqa: BLE001 - reported to the coordinator
-                        results.put((part.table, part, e))
-                        return
-                results.put((part.table, part, entry))
-        finally:
-            try:
-                bulk.close()
-            except Exception:  # noqa: BLE001 - the transaction is read-only; closing is best effort
-                pass
+            local.bulk = bulk
+            with opened_lock:
+                opened.append(bulk)
+        return bulk
 
-    threads = [threading.Thread(target=worker, name=f"slotlake-snapshot-{i}", daemon=True) for i in range(nworkers)]
-    for t in threads:
-        t.start()
-    expected = sum(p.copy.parts_total for p in progress.values())
+    def copy_one(part: _Part) -> dict[str, Any]:
+        if stop.is_set():
+            raise _Stopped()
+        try:
+            bulk = connection()
+        except BaseException as e:
+            raise _OpenFailed() from e
+        c = progress[part.table].copy
+        try:
+            return _copy_part(bulk, c, part, copy_dir(lake_root, c.table, c.copy_id))
+        except Exception as first:
+            # Once more on a new connection in the same snapshot (still exported: the coordinator holds it),
+            # e.g. after a dropped connection; a second failure fails the copy.
+            log.warning("snapshot %s: %s part %d failed (%s); retrying it once in the same snapshot",
+                        source.name, part.table, part.index, scrub(str(first), dsn))
+            local.bulk = None
+            return _copy_part(connection(), c, part, copy_dir(lake_root, c.table, c.copy_id))
+
+    expected = len(todo)
     recorded = 0
     failpoint = _failpoint_parts()
     error: BaseException | None = None
     failed_table = ""
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, expected)), thread_name_prefix="slotlake-snapshot")
     try:
-        while recorded < expected:
-            if not any(t.is_alive() for t in threads) and results.empty():
-                raise SnapshotError(f"snapshot {source.name}: copy workers stopped with {expected - recorded} "
-                                    "part(s) left")
+        futures = {pool.submit(copy_one, part): part for part in todo}
+        for done in as_completed(futures):
+            part = futures[done]
             try:
-                table, part, outcome = results.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            if isinstance(outcome, BaseException):
-                error, failed_table = outcome, table
+                outcome = done.result()
+            except _OpenFailed as e:
+                error, failed_table = e.__cause__, "open"
                 break
+            except BaseException as e:  # noqa: BLE001 - reported below, after the workers stopped
+                error, failed_table = e, part.table
+                break
+            table = part.table
             pr = progress[table]
             pr.copy = replace(pr.copy, parts=pr.copy.parts + (outcome,))
             pr.rows += outcome["rows"]
@@ -544,11 +540,14 @@ def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], s
                 raise SnapshotError(f"failpoint {FAILPOINT_AFTER_PARTS}{failpoint}: stopped the copy after "
                                     f"{recorded} part(s) (test-only)")
     finally:
+        # Parts not started are dropped; the ones running finish (a COPY cannot be interrupted halfway safely).
         stop.set()
-        for _ in threads:
-            work.put(None)
-        for t in threads:
-            t.join(timeout=60)
+        pool.shutdown(wait=True, cancel_futures=True)
+        for bulk in opened:
+            try:
+                bulk.close()
+            except Exception:  # noqa: BLE001 - the transaction is read-only; closing is best effort
+                pass
     if error is not None:
         if failed_table == "open":
             raise SnapshotError(f"snapshot {source.name}: cannot open a copy connection in the snapshot: "
