@@ -27,6 +27,7 @@ import psycopg
 from psycopg import sql
 
 from slotlake.names import TableName, spark_ident
+from slotlake.source.connection import table_ident
 
 # PostgreSQL type name -> the Python types a correct gold value may have (as read from Arrow).
 _TYPED: dict[str, tuple[type, ...]] = {
@@ -114,7 +115,7 @@ def pg_rows(dsn: str, table: str, numeric_text: Collection[str] = ()) -> tuple[l
             return sql.SQL("CASE WHEN {c} IS NOT NULL THEN format('%s', {c}) END").format(c=sql.Identifier(c))
 
         select = sql.SQL(", ").join(expr(c, t) for c, t in cols)
-        rows = conn.execute(sql.SQL("SELECT {} FROM {}").format(select, TableName.parse(table).sql())).fetchall()
+        rows = conn.execute(sql.SQL("SELECT {} FROM {}").format(select, table_ident(TableName.parse(table)))).fetchall()
     return cols, rows
 
 

@@ -14,6 +14,7 @@ Pure: pyarrow and the LSN type only.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,6 +88,19 @@ VALID_TO_TS_COL = "_slotlake_valid_to_ts"
 OP_COL = "_slotlake_op"  # I / U of the change that opened the version; S: the gold row history started from
 
 
+@dataclass(frozen=True)
+class Field:
+    """A column of a table whose columns depend on the source (gold, history): its name, its type as Spark SQL
+    text (`type_tree` reads it; `DataType.simpleString()` prints it) and whether it may be NULL."""
+
+    name: str
+    type: str
+    nullable: bool = True
+
+
+Schema = tuple[Field, ...]
+
+
 def names(columns: Columns) -> list[str]:
     return [n for n, _ in columns]
 
@@ -97,16 +111,20 @@ def ddl(columns: Columns) -> str:
 
 
 _ARROW_SIMPLE = {
-    "long": pa.int64(), "int": pa.int32(), "string": pa.string(), "boolean": pa.bool_(), "binary": pa.binary(),
+    "long": pa.int64(), "bigint": pa.int64(), "int": pa.int32(), "smallint": pa.int16(), "tinyint": pa.int8(),
+    "float": pa.float32(), "double": pa.float64(), "string": pa.string(), "boolean": pa.bool_(),
+    "binary": pa.binary(), "date": pa.date32(),
     "timestamp": pa.timestamp("us", tz="UTC"),  # Spark's TimestampType in Arrow
+    "timestamp_ntz": pa.timestamp("us"),
 }
+_DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
 
 
 def _split_top(text: str) -> list[str]:
-    """Split on the commas outside <...>."""
+    """Split on the commas outside <...> and (...)."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
-        depth += (ch == "<") - (ch == ">")
+        depth += (ch in "<(") - (ch in ">)")
         if ch == "," and depth == 0:
             parts.append(text[start:i].strip())
             start = i + 1
@@ -114,15 +132,21 @@ def _split_top(text: str) -> list[str]:
     return parts
 
 
-TypeTree = tuple  # ("long",) | ("array", elem) | ("map", key, value) | ("struct", ((name, tree), ...))
+TypeTree = tuple
+"""("long",) | ("decimal", precision, scale) | ("array", elem) | ("map", key, value)
+| ("struct", ((name, tree), ...))"""
 
 
 def type_tree(spark_type: str) -> TypeTree:
-    """A column type of the contracts above, parsed: the one reading both `arrow_type` and the Spark side
-    (`slotlake.spark.schemas`) convert from."""
+    """A column type (Spark SQL type text: the contracts above, and gold's types as `DataType.simpleString()`
+    prints them), parsed: the one reading both `arrow_type` and the Spark side (`slotlake.spark.schemas`) convert
+    from."""
     t = spark_type.strip()
     if t in _ARROW_SIMPLE:
         return (t,)
+    m = _DECIMAL.fullmatch(t)
+    if m:
+        return ("decimal", int(m.group(1)), int(m.group(2)))
     if t.startswith("array<") and t.endswith(">"):
         return ("array", type_tree(t[len("array<"):-1]))
     if t.startswith("map<") and t.endswith(">"):
@@ -143,6 +167,8 @@ def arrow_type(spark_type: str | TypeTree) -> pa.DataType:
         return pa.map_(arrow_type(tree[1]), arrow_type(tree[2]))
     if kind == "struct":
         return pa.struct([pa.field(n, arrow_type(sub)) for n, sub in tree[1]])
+    if kind == "decimal":
+        return pa.decimal128(tree[1], tree[2])
     return _ARROW_SIMPLE[kind]
 
 

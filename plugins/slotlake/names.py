@@ -10,7 +10,7 @@ Config entries, `--table` arguments and messages write a table as PostgreSQL doe
 `str(TableName)` is the canonical form: a part is written bare when it reads back the same (lower-case letters,
 digits, `_`, `$`, not starting with a digit or `$`), else in double quotes. So `parse(str(t)) == t`, and plain
 names print as they always did (`public.orders`). SQL never uses that text: it quotes every part
-(`TableName.sql()` for psycopg, `spark_ident` for Spark SQL).
+(`source.connection.table_ident` for psycopg, `spark_ident` for Spark SQL).
 
 A TableName is a NamedTuple: it unpacks and compares like the `(schema, table)` pairs read from silver, `_runs`
 and the lake layout.
@@ -18,12 +18,9 @@ and the lake layout.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from slotlake.errors import ConfigError
-
-if TYPE_CHECKING:
-    from psycopg import sql
 
 MAX_IDENTIFIER_BYTES = 63  # NAMEDATALEN - 1: PostgreSQL truncates longer names
 _BARE = re.compile(r"[a-z_][a-z0-9_$]*")
@@ -63,12 +60,6 @@ class TableName(NamedTuple):
 
     def __str__(self) -> str:
         return f"{quote(self.schema)}.{quote(self.name)}"
-
-    def sql(self) -> sql.Identifier:
-        """The qualified name for psycopg's `sql.SQL(...).format(...)`: both parts always quoted."""
-        from psycopg import sql
-
-        return sql.Identifier(self.schema, self.name)
 
 
 def quote(identifier: str) -> str:

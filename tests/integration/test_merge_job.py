@@ -399,7 +399,7 @@ def test_tables_merge_in_parallel_to_the_same_end_lsn(lake):
 def test_typed_values_of_every_family(spark):
     from pyspark.sql import functions as F
 
-    from slotlake.decode.types import spark_type, typed_value
+    from slotlake.spark.typed_values import spark_type, typed_value
     cases = [  # (oid, typmod, text, expected value, bad?)
         (16, -1, "t", True, False), (16, -1, "f", False, False),
         (21, -1, "-32768", -32768, False), (20, -1, "9223372036854775807", 9223372036854775807, False),
@@ -449,7 +449,7 @@ def test_unconstrained_numeric_as_string_keeps_the_text(spark):
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType
 
-    from slotlake.decode.types import spark_type, typed_value
+    from slotlake.spark.typed_values import spark_type, typed_value
     df = spark.createDataFrame([(t,) for t in EXACT] + [(None,)], "text string")
     value, reason = typed_value(F.col("text"), NUMERIC, -1, "string")
     assert spark_type(NUMERIC, -1, "string") == StringType()

@@ -26,6 +26,7 @@ from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
 from slotlake.recover.point import request
+from slotlake.source.connection import table_ident
 from slotlake.source.ddl import install_ddl_capture
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
@@ -81,7 +82,7 @@ def _record(dsn: str, i: int, tables: Sequence[str] = TABLES) -> tuple[Lsn, date
         for t in tables:
             name = TableName.parse(t)
             conn.execute(sql.SQL("CREATE TABLE {} AS SELECT * FROM {}").format(
-                sql.Identifier("recorded", f"{name.name}_{i}"), name.sql()))
+                sql.Identifier("recorded", f"{name.name}_{i}"), table_ident(name)))
     return lsn, now
 
 

@@ -24,8 +24,11 @@ def test_arrow_types_follow_spark_types():
     assert contracts.arrow_type("map<string,string>") == pa.map_(pa.string(), pa.string())
     assert contracts.arrow_type("struct<a:int, b:array<boolean>>") == pa.struct(
         [pa.field("a", pa.int32()), pa.field("b", pa.list_(pa.bool_()))])
+    assert contracts.arrow_type("decimal(10,2)") == pa.decimal128(10, 2)
+    assert contracts.arrow_type("map<string,decimal(38,18)>") == pa.map_(pa.string(), pa.decimal128(38, 18))
+    assert contracts.arrow_type("timestamp_ntz") == pa.timestamp("us")
     with pytest.raises(ValueError, match="add it to slotlake.contracts"):
-        contracts.arrow_type("decimal(10,2)")
+        contracts.arrow_type("void")
 
 
 def test_every_lake_table_contract_converts_to_arrow_and_ddl():

@@ -21,6 +21,7 @@ from slotlake.merge.plan import (
     KeyStrategy,
     TableShape,
     gold_schema,
+    history_schema,
     merge_commit_conf,
     newest_watermark,
     parse_tables,
@@ -29,6 +30,7 @@ from slotlake.merge.plan import (
     stage_metadata,
     watermark_of,
 )
+from slotlake.spark.schemas import struct_of
 
 pytestmark = pytest.mark.unit
 
@@ -55,10 +57,11 @@ def test_gold_schema_follows_the_columns_numeric_setting():
                    (-1, -1, -1, ((12 << 16) | 2) + 4), ("id",), "d")
     plan = plan_table(s, "hard", lambda c: "string" if c in ("amount", "price") else "decimal")
     assert plan.unconstrained_numeric == ("decimal", "string", "decimal", "string")
-    types = {f.name: f.dataType for f in plan.gold_schema.fields}
+    types = {f.name: f.dataType for f in struct_of(plan.gold_schema).fields}
     assert types["amount"] == StringType() and types["fee"] == DecimalType(38, 18)
     assert types["price"] == DecimalType(12, 2)  # a precision makes the setting irrelevant
-    assert {f.name: f.dataType for f in plan_table(s, "hard").gold_schema.fields}["amount"] == DecimalType(38, 18)
+    assert {f.name: f.dataType for f in struct_of(plan_table(s, "hard").gold_schema).fields}["amount"] == \
+        DecimalType(38, 18)
 
 
 @pytest.mark.parametrize("table_shape,message", [
@@ -79,7 +82,7 @@ def test_keyless_table_is_merged_as_appends_when_the_source_says_so():
         plan_table(keyless, "hard")
     plan = plan_table(keyless, "soft", keyless_appends=True)
     assert (plan.strategy, plan.key_positions, plan.soft_delete) == (KeyStrategy.INSERT_ONLY, (), True)
-    assert "_slotlake_dup" not in plan.gold_schema.fieldNames()
+    assert "_slotlake_dup" not in struct_of(plan.gold_schema).fieldNames()
     # a table with a key keeps its key even in a source that appends keyless tables
     assert plan_table(shape("d", ("id",)), "hard", keyless_appends=True).strategy is KeyStrategy.KEYED
     assert plan_table(shape("f", ("id", "amount", "note")), "hard", keyless_appends=True).strategy \
@@ -87,11 +90,11 @@ def test_keyless_table_is_merged_as_appends_when_the_source_says_so():
 
 
 def test_gold_schema_adds_slotlake_columns():
-    keyed = gold_schema(shape(), KeyStrategy.KEYED, soft_delete=False)
+    keyed = struct_of(gold_schema(shape(), KeyStrategy.KEYED, soft_delete=False))
     assert keyed == StructType([
         StructField("id", IntegerType()), StructField("amount", DecimalType(12, 2)), StructField("note", StringType()),
         StructField("_slotlake_lsn", LongType(), False), StructField("_slotlake_commit_ts", TimestampType())])
-    full_soft = plan_table(shape("f", ("id", "amount", "note")), "soft").gold_schema
+    full_soft = struct_of(plan_table(shape("f", ("id", "amount", "note")), "soft").gold_schema)
     assert full_soft.fieldNames()[-4:] == ["_slotlake_lsn", "_slotlake_commit_ts", "_slotlake_deleted", "_slotlake_dup"]
     assert full_soft["_slotlake_deleted"].dataType == BooleanType()
     assert full_soft["_slotlake_dup"].dataType == IntegerType()
@@ -139,3 +142,13 @@ def test_parse_tables(arg, want):
 def test_parse_tables_rejects_unqualified():
     with pytest.raises(MergeError, match="schema.table"):
         parse_tables("orders")
+
+
+def test_history_schema_keeps_the_source_columns_and_dup_then_the_version_columns():
+    full_soft = plan_table(shape("f", ("id", "amount", "note")), "soft").gold_schema
+    history = history_schema(full_soft)
+    assert [f.name for f in history] == ["id", "amount", "note", "_slotlake_dup", "_slotlake_valid_from_lsn",
+                                         "_slotlake_valid_to_lsn", "_slotlake_valid_from_ts", "_slotlake_valid_to_ts",
+                                         "_slotlake_op"]
+    assert history[:4] == tuple(f for f in full_soft if f.name in ("id", "amount", "note", "_slotlake_dup"))
+    assert struct_of(history)["_slotlake_valid_to_lsn"].nullable and not struct_of(history)["_slotlake_op"].nullable

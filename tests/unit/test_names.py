@@ -12,6 +12,7 @@ from slotlake.lake import LakePaths, name_of_segment, path_segment
 from slotlake.merge.plan import needs_column_mapping, parse_tables
 from slotlake.names import TableName
 from slotlake.replay import request
+from slotlake.source.connection import table_ident
 from slotlake.source.snapshot import copy_folder, snapshot_dir, table_of_copy_folder
 
 pytestmark = pytest.mark.unit
@@ -74,8 +75,8 @@ def test_sql_quotes_every_part():
     from psycopg import sql
 
     t = TableName.parse('"Sales Dept"."Order ""Items"""')
-    assert t.sql() == sql.Identifier("Sales Dept", 'Order "Items"')
-    assert t.sql().as_string(None) == '"Sales Dept"."Order ""Items"""'
+    assert table_ident(t) == sql.Identifier("Sales Dept", 'Order "Items"')
+    assert table_ident(t).as_string(None) == '"Sales Dept"."Order ""Items"""'
 
 
 def test_config_tables_take_postgresql_names():

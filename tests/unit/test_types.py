@@ -1,4 +1,5 @@
-"""PostgreSQL type -> Spark type (pure) and the array-literal parser."""
+"""PostgreSQL type -> gold type (pure: Spark SQL type text), the same as a Spark DataType, and the array-literal
+parser."""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +19,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from slotlake.decode.types import ArrayLiteralError, NumericTypmod, parse_array_literal, spark_type
+from slotlake.contracts import type_tree
+from slotlake.decode.types import ArrayLiteralError, NumericTypmod, gold_type, parse_array_literal
+from slotlake.spark.typed_values import spark_type
 
 pytestmark = pytest.mark.unit
 
@@ -45,6 +48,9 @@ def numeric(p: int, s: int) -> int:
 ], ids=lambda v: str(v))
 def test_spark_type(oid, typmod, want):
     assert spark_type(oid, typmod) == want
+    # the pure type text is what Spark prints for the type (gold's schema as Delta has it compares with it)
+    assert gold_type(oid, typmod) == want.simpleString()
+    assert type_tree(gold_type(oid, typmod))  # and the contracts parser reads it
 
 
 @pytest.mark.parametrize("oid,typmod,mode,want", [
@@ -57,11 +63,14 @@ def test_spark_type(oid, typmod, want):
 def test_spark_type_of_unconstrained_numeric(oid, typmod, mode, want):
     """numeric.unconstrained changes only a numeric without precision (also as array element)."""
     assert spark_type(oid, typmod, mode) == want
+    assert gold_type(oid, typmod, mode) == want.simpleString()
 
 
 def test_spark_type_rejects_an_unknown_numeric_mode():
     with pytest.raises(ValueError, match="unconstrained_numeric must be 'decimal' or 'string'"):
         spark_type(1700, -1, "text")
+    with pytest.raises(ValueError, match="unconstrained_numeric must be 'decimal' or 'string'"):
+        gold_type(1700, -1, "text")
 
 
 @pytest.mark.parametrize("typmod,precision,scale", [

@@ -7,6 +7,7 @@ attnum, new name) moves the gold column with its data; a name that disappears is
 NULL from then on, or dropped with `on_drop_column: drop`); a new name is an added column. Without DDL events a
 rename cannot be seen: it becomes a drop plus an add (and the run says so).
 
+Types are Spark SQL type text, as `decode.types.gold_type` gives them and `DataType.simpleString()` prints them.
 The result (`Evolution`) says which Delta DDL the gold table needs before the merge (add, rename, widen, drop) and,
 per layout, where each gold column's value comes from. `constant_default` turns a PostgreSQL default expression
 into the text value PostgreSQL gave the existing rows, when it is a constant.
@@ -18,9 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pyspark.sql.types import ByteType, DataType, DecimalType, DoubleType, FloatType, IntegerType, LongType, ShortType
-
-from slotlake.decode.types import DECIMAL, NUMERIC, STRING, NumericTypmod, spark_type
+from slotlake.contracts import type_tree
+from slotlake.decode.types import DECIMAL, NUMERIC, STRING, NumericTypmod, gold_type
 from slotlake.errors import MergeError
 from slotlake.merge.plan import TableShape
 
@@ -42,7 +42,7 @@ class ColumnHistoryEvent:
 @dataclass(frozen=True)
 class AddedColumn:
     name: str
-    dtype: DataType
+    dtype: str  # Spark SQL type text
     existing_rows: str | None  # text value PostgreSQL gave the rows that existed at the ADD (None: NULL)
     note: str | None  # what slotlake could not see about the existing rows' value, for the run report
 
@@ -52,10 +52,10 @@ class Evolution:
     """How one run evolves a gold table, and how each layout's values map onto the gold columns."""
 
     columns: tuple[str, ...]  # gold source columns after the run, in gold order
-    types: tuple[DataType, ...]
+    types: tuple[str, ...]  # Spark SQL type text
     adds: tuple[AddedColumn, ...]
     renames: tuple[tuple[str, str], ...]  # (old, new), in order
-    widen: tuple[tuple[str, DataType], ...]  # gold column (final name) -> its new, wider type
+    widen: tuple[tuple[str, str], ...]  # gold column (final name) -> its new, wider type
     drops: tuple[str, ...]  # gold columns dropped with their data (on_drop_column: drop)
     dropped_kept: tuple[str, ...]  # columns the source dropped in this run, kept in gold (NULL from then on)
     # per layout: per gold column, the position in that layout's columns, or None (value: `fill`)
@@ -69,22 +69,31 @@ class Evolution:
         return bool(self.adds or self.renames or self.widen or self.drops)
 
 
-_INTEGRAL: dict[DataType, int] = {ByteType(): 1, ShortType(): 2, IntegerType(): 3, LongType(): 4}
+_INTEGRAL: dict[str, int] = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4}
+_DIGITS = {1: 3, 2: 5, 3: 10, 4: 20}  # decimal digits of the largest value of each integral type
 
 
-def holds(wide: DataType, narrow: DataType) -> bool:
+def _decimal(t: str) -> tuple[int, int] | None:
+    tree = type_tree(t)
+    return (tree[1], tree[2]) if tree[0] == "decimal" else None
+
+
+def holds(wide: str, narrow: str) -> bool:
     """True when every value of `narrow` fits `wide` exactly (so a narrower source type keeps the gold type)."""
     if wide == narrow:
         return True
     if wide in _INTEGRAL and narrow in _INTEGRAL:
         return _INTEGRAL[wide] >= _INTEGRAL[narrow]
-    if wide == DoubleType() and (narrow == FloatType() or narrow in (ByteType(), ShortType(), IntegerType())):
+    if wide == "double" and narrow in ("float", "tinyint", "smallint", "int"):
         return True
-    if isinstance(wide, DecimalType) and isinstance(narrow, DecimalType):
-        return wide.scale >= narrow.scale and wide.precision - wide.scale >= narrow.precision - narrow.scale
-    if isinstance(wide, DecimalType) and narrow in _INTEGRAL:
-        digits = {1: 3, 2: 5, 3: 10, 4: 20}[_INTEGRAL[narrow]]
-        return wide.precision - wide.scale >= digits
+    w = _decimal(wide)
+    if w is None:
+        return False
+    n = _decimal(narrow)
+    if n is not None:
+        return w[1] >= n[1] and w[0] - w[1] >= n[0] - n[1]
+    if narrow in _INTEGRAL:
+        return w[0] - w[1] >= _DIGITS[_INTEGRAL[narrow]]
     return False
 
 
@@ -128,7 +137,7 @@ def _renames_between(prev: dict[str, int], names: Sequence[str], events: Iterabl
     return out
 
 
-def plan_evolution(table: str, start: Sequence[tuple[str, DataType]] | None,
+def plan_evolution(table: str, start: Sequence[tuple[str, str]] | None,
                    layouts: Sequence[tuple[int, TableShape]], events: Sequence[ColumnHistoryEvent], *,
                    mark: int, on_drop_column: str = "keep", ddl_capture: bool = True,
                    unconstrained_numeric: Callable[[str], str] = lambda column: DECIMAL) -> Evolution:
@@ -142,14 +151,14 @@ def plan_evolution(table: str, start: Sequence[tuple[str, DataType]] | None,
     if not layouts:
         raise MergeError(f"{table}: no column layout to plan")
     cols: list[str] = []
-    types: list[DataType] = []
+    types: list[str] = []
     live: dict[str, int] = {}  # live source column name -> gold index
     if start is None:
         first = layouts[0][1]
         for n, o, m in zip(first.columns, first.type_oids, first.typmods):
             live[n] = len(cols)
             cols.append(n)
-            types.append(spark_type(o, m, unconstrained_numeric(n)))
+            types.append(gold_type(o, m, unconstrained_numeric(n)))
     else:
         for n, t in start:
             live[n] = len(cols)
@@ -174,7 +183,7 @@ def plan_evolution(table: str, start: Sequence[tuple[str, DataType]] | None,
             cols[gi] = new
         pos: dict[int, int] = {}
         for p, (n, o, m) in enumerate(zip(names, shape.type_oids, shape.typmods)):
-            t = spark_type(o, m, unconstrained_numeric(n))
+            t = gold_type(o, m, unconstrained_numeric(n))
             if n in live:
                 gi = live[n]
             elif n in cols:  # a name that was dropped earlier comes back: the same gold column again
@@ -190,15 +199,15 @@ def plan_evolution(table: str, start: Sequence[tuple[str, DataType]] | None,
                 if not holds(t, types[gi]) and o == NUMERIC and NumericTypmod.of(m).precision is None:
                     mode = unconstrained_numeric(n)
                     raise MergeError(
-                        f"{table}: column {n} (numeric without precision) is {types[gi].simpleString()} in gold, but "
-                        f"numeric.unconstrained: {mode} maps it to {t.simpleString()}; an existing gold column keeps "
+                        f"{table}: column {n} (numeric without precision) is {types[gi]} in gold, but "
+                        f"numeric.unconstrained: {mode} maps it to {t}; an existing gold column keeps "
                         "its type (converting it in place cannot be exact: decimal(38,18) holds NULL where a value did "
                         "not fit); set it back to "
                         f"{STRING if mode == DECIMAL else DECIMAL} for this column, or rebuild the table with the new "
                         "mapping: `slotlake resync <source>`")
                 if not holds(t, types[gi]):
                     raise MergeError(
-                        f"{table}: column {n} changed type from {types[gi].simpleString()} to {t.simpleString()} "
+                        f"{table}: column {n} changed type from {types[gi]} to {t} "
                         f"(at LSN {_lsn(lsn)}), which Delta type widening cannot follow; rebuild the table: "
                         "`slotlake resync <source>` (a new initial copy), or replay it into a new Delta table with "
                         f"`slotlake replay <source> --table {table} --from {_lsn(lsn)} --to <LSN> --dest <path>`")

@@ -11,17 +11,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from pyspark.sql.types import (
-    BooleanType,
-    DataType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
-
 from slotlake.contracts import (  # gold's and history's columns: declared in contracts, used here
     COMMIT_TS_COL,
     DELETED_COL,
@@ -34,8 +23,10 @@ from slotlake.contracts import (  # gold's and history's columns: declared in co
     VALID_TO_LSN_COL,
     VALID_TO_TS_COL,
     CommitMeta,
+    Field,
+    Schema,
 )
-from slotlake.decode.types import DECIMAL, spark_type
+from slotlake.decode.types import DECIMAL, gold_type
 from slotlake.errors import ConfigError, MergeError
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
@@ -92,7 +83,7 @@ class TablePlan:
         return self.unconstrained_numeric[i] if self.unconstrained_numeric else DECIMAL
 
     @property
-    def gold_schema(self) -> StructType:
+    def gold_schema(self) -> Schema:
         return gold_schema(self.shape, self.strategy, self.soft_delete, self.unconstrained_numeric)
 
 
@@ -143,28 +134,34 @@ def plan_table(shape: TableShape, delete_mode: str,
 
 
 def gold_schema(shape: TableShape, strategy: KeyStrategy, soft_delete: bool,
-                unconstrained_numeric: tuple[str, ...] = ()) -> StructType:
+                unconstrained_numeric: tuple[str, ...] = ()) -> Schema:
     """Source columns typed by decode/types.py, then the _slotlake_ columns (docs/internals.md "Gold")."""
     modes = unconstrained_numeric or (DECIMAL,) * len(shape.columns)
-    fields = [StructField(n, spark_type(o, m, u), True)
-              for n, o, m, u in zip(shape.columns, shape.type_oids, shape.typmods, modes)]
-    fields += [StructField(LSN_COL, LongType(), False), StructField(COMMIT_TS_COL, TimestampType(), True)]
+    fields = [Field(n, gold_type(o, m, u)) for n, o, m, u in zip(shape.columns, shape.type_oids, shape.typmods, modes)]
+    fields += [Field(LSN_COL, "bigint", False), Field(COMMIT_TS_COL, "timestamp")]
     if soft_delete:
-        fields.append(StructField(DELETED_COL, BooleanType(), False))
+        fields.append(Field(DELETED_COL, "boolean", False))
     if strategy is KeyStrategy.FULL_ROW:
-        fields.append(StructField(DUP_COL, IntegerType(), False))
-    return StructType(fields)
+        fields.append(Field(DUP_COL, "int", False))
+    return tuple(fields)
 
 
-def history_schema(gold: StructType) -> StructType:
-    """The history table of a gold table: gold's source columns (same types), `_slotlake_dup` for FULL tables,
-    then the version columns. Gold's `_slotlake_lsn`/`_commit_ts`/`_deleted` are what the version columns say."""
-    fields = [f for f in gold.fields if not f.name.startswith("_slotlake_") or f.name == DUP_COL]
-    fields += [StructField(VALID_FROM_LSN_COL, LongType(), False), StructField(VALID_TO_LSN_COL, LongType(), True),
-               StructField(VALID_FROM_TS_COL, TimestampType(), True),
-               StructField(VALID_TO_TS_COL, TimestampType(), True),
-               StructField(OP_COL, StringType(), False)]
-    return StructType(fields)
+HISTORY_VERSION_FIELDS: Schema = (
+    Field(VALID_FROM_LSN_COL, "bigint", False), Field(VALID_TO_LSN_COL, "bigint"),
+    Field(VALID_FROM_TS_COL, "timestamp"), Field(VALID_TO_TS_COL, "timestamp"), Field(OP_COL, "string", False),
+)
+"""The version columns a history table adds to the gold columns it keeps (`in_history`)."""
+
+
+def in_history(gold_column: str) -> bool:
+    """Whether a gold column is one of its history table's: gold's source columns (same types), `_slotlake_dup`
+    for FULL tables; gold's `_slotlake_lsn`/`_commit_ts`/`_deleted` are what the version columns say."""
+    return not gold_column.startswith("_slotlake_") or gold_column == DUP_COL
+
+
+def history_schema(gold: Schema) -> Schema:
+    """The history table of a gold table: the gold columns it keeps (`in_history`), then the version columns."""
+    return tuple(f for f in gold if in_history(f.name)) + HISTORY_VERSION_FIELDS
 
 
 def history_app_id(source: str, schema_name: str, table_name: str) -> str:
@@ -177,17 +174,13 @@ def needs_column_mapping(columns: Iterable[str]) -> bool:
     return any(_NEEDS_MAPPING.intersection(c) for c in columns)
 
 
-def schema_mismatch(existing: StructType, wanted: StructType) -> str | None:
+def schema_mismatch(existing: Schema, wanted: Schema) -> str | None:
     """A description of how an existing gold table differs from the planned one (names and types), or None."""
-    have = [(f.name, _simple(f.dataType)) for f in existing.fields]
-    want = [(f.name, _simple(f.dataType)) for f in wanted.fields]
+    have = [(f.name, f.type) for f in existing]
+    want = [(f.name, f.type) for f in wanted]
     if have == want:
         return None
     return f"gold has {have}, the batch needs {want}"
-
-
-def _simple(t: DataType) -> str:
-    return t.simpleString()
 
 
 def merge_app_id(source: str, schema_name: str, table_name: str) -> str:

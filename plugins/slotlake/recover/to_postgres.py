@@ -26,6 +26,7 @@ from psycopg import sql
 from slotlake.catalog import BUILTIN_TYPE_NAMES, CatalogVersion
 from slotlake.errors import RecoverError
 from slotlake.names import TableName
+from slotlake.source.connection import table_ident
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def create_table(into: TableName, columns: Sequence[tuple[str, str]], key: sql.C
                                    for name, type_sql in columns]
     if key is not None:
         parts.append(key)
-    return sql.SQL("CREATE TABLE {} ({})").format(into.sql(), sql.SQL(", ").join(parts))
+    return sql.SQL("CREATE TABLE {} ({})").format(table_ident(into), sql.SQL(", ").join(parts))
 
 
 def custom_type_sql(type_name: str) -> str:
@@ -122,7 +123,7 @@ def load_tables(conninfo: str, loads: Iterable[TableLoad], replace: bool, passwo
             schema = load.into.schema
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
             if replace:
-                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(load.into.sql()))
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table_ident(load.into)))
             types = column_types(conn, load.version)
             try:
                 conn.execute(create_table(load.into, types, key_clause(load.version)))
@@ -145,7 +146,7 @@ def _set_not_null(conn, into: TableName, version: CatalogVersion) -> None:
     cols = [c.name for c in sorted(version.columns, key=lambda c: c.position) if c.nullable is False]
     if not cols:
         return
-    stmt = sql.SQL("ALTER TABLE {} {}").format(into.sql(), sql.SQL(", ").join(
+    stmt = sql.SQL("ALTER TABLE {} {}").format(table_ident(into), sql.SQL(", ").join(
         sql.SQL("ALTER COLUMN {} SET NOT NULL").format(sql.Identifier(c)) for c in cols))
     try:
         with conn.transaction():
@@ -158,7 +159,8 @@ def _set_not_null(conn, into: TableName, version: CatalogVersion) -> None:
 def _copy(conn, into: TableName, columns: list[str], rows: Iterable[Sequence[Any]]) -> int:
     started = time.monotonic()
     n = 0
-    stmt = sql.SQL("COPY {} ({}) FROM STDIN").format(into.sql(), sql.SQL(", ").join(map(sql.Identifier, columns)))
+    stmt = sql.SQL("COPY {} ({}) FROM STDIN").format(table_ident(into),
+                                                     sql.SQL(", ").join(map(sql.Identifier, columns)))
     with conn.cursor().copy(stmt) as copy:
         for row in _checked(rows, len(columns)):
             copy.write_row(row)

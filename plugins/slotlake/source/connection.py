@@ -12,10 +12,11 @@ import re
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 import psycopg
-from psycopg import conninfo
+from psycopg import conninfo, sql
 
 from slotlake.config import SourceConfig, expand_env
 from slotlake.errors import PreflightError
+from slotlake.names import TableName
 
 log = logging.getLogger(__name__)
 
@@ -125,3 +126,8 @@ def one_row(conn: psycopg.Connection, query, params=None) -> tuple:
 def scalar(conn: psycopg.Connection, query, params=None):
     """The first column of `one_row`."""
     return one_row(conn, query, params)[0]
+
+
+def table_ident(name: TableName) -> sql.Identifier:
+    """A table's qualified name for psycopg's `sql.SQL(...).format(...)`: both parts always quoted."""
+    return sql.Identifier(name.schema, name.name)

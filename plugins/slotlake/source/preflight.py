@@ -17,7 +17,7 @@ from slotlake.config import Config, SourceConfig
 from slotlake.errors import PreflightError, SlotLostError
 from slotlake.names import TableName
 from slotlake.source.catalog_read import generated_published, list_bootstrap
-from slotlake.source.connection import connect, one_row, redact, resolve_dsn, scalar
+from slotlake.source.connection import connect, one_row, redact, resolve_dsn, scalar, table_ident
 from slotlake.source.extract import origin_option
 from slotlake.source.slot import (
     PLUGIN,
@@ -64,7 +64,7 @@ class PreflightReport:
 
 
 def _table_ident(name: str) -> sql.Composable:
-    return TableName.parse(name).sql()
+    return table_ident(TableName.parse(name))
 
 
 def _check_server(conn: psycopg.Connection, source: SourceConfig) -> tuple[str, int]:

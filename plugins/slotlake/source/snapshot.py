@@ -54,7 +54,16 @@ from slotlake.lsn import Lsn
 from slotlake.merge.visibility import CopySnapshot
 from slotlake.names import TableName
 from slotlake.source.catalog_read import archive_bootstrap, generated_published, read_table_defs
-from slotlake.source.connection import connect, connect_bulk, one_row, resolve_dsn, scalar, scrub, session_dsn
+from slotlake.source.connection import (
+    connect,
+    connect_bulk,
+    one_row,
+    resolve_dsn,
+    scalar,
+    scrub,
+    session_dsn,
+    table_ident,
+)
 from slotlake.source.ddl import TableDef
 from slotlake.source.slot import PLUGIN, SlotInfo, current_wal_lsn, slot_info
 
@@ -360,7 +369,7 @@ def part_query(copy: TableCopy, part: _Part) -> sql.Composed:
         where.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({part.lower},0)")))
     if part.upper is not None:
         where.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({part.upper},0)")))
-    query = sql.SQL("SELECT {} FROM {}").format(cols, TableName.parse(copy.table).sql())
+    query = sql.SQL("SELECT {} FROM {}").format(cols, table_ident(TableName.parse(copy.table)))
     if where:
         query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(where))
     return query

@@ -10,15 +10,10 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import (
-    DataType,
-    StructField,
-    StructType,
-)
+from pyspark.sql.types import StructField, StructType
 
 from slotlake import delta_log
 from slotlake.config import SchemaChanges
-from slotlake.decode.types import typed_value
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
@@ -32,6 +27,8 @@ from slotlake.merge.plan import (
     plan_table,
 )
 from slotlake.names import spark_ident as _q
+from slotlake.spark.schemas import spark_type
+from slotlake.spark.typed_values import typed_value
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +73,9 @@ def layouts_of(batch: DataFrame, spans: list) -> list[Layout]:
                                                             r["shape"])) for r in switches]
 
 
-def gold_at_watermark(session: SparkSession, gold: str, marked_version: int | None) -> list[tuple[str, DataType]]:
-    """Gold's source columns as of its newest watermarked commit (the state the run starts from; without one,
-    the table's first version, the empty table slotlake created).
+def gold_at_watermark(session: SparkSession, gold: str, marked_version: int | None) -> list[tuple[str, str]]:
+    """Gold's source columns (name, Spark SQL type text) as of its newest watermarked commit (the state the run
+    starts from; without one, the table's first version, the empty table slotlake created).
 
     Not the latest schema: a run that died after evolving the schema (ALTERs are their own commits) and before
     its merge commit must see the same start again, so the re-run makes the same decisions (defaults included).
@@ -93,7 +90,7 @@ def gold_at_watermark(session: SparkSession, gold: str, marked_version: int | No
         fields = StructType.fromJson(local).fields
     else:
         fields = session.read.format("delta").option("versionAsOf", version).load(gold).schema.fields
-    return [(f.name, f.dataType) for f in fields if not f.name.startswith("_slotlake_")]
+    return [(f.name, f.dataType.simpleString()) for f in fields if not f.name.startswith("_slotlake_")]
 
 
 @dataclass(frozen=True)
@@ -153,7 +150,8 @@ def unified_plan(name: str, evo: Evolution, shapes: list[TableShape], delete_mod
 
 def with_types(schema: StructType, evo: Evolution) -> StructType:
     types = dict(zip(evo.columns, evo.types))
-    return StructType([StructField(f.name, types.get(f.name, f.dataType), f.nullable) for f in schema.fields])
+    return StructType([StructField(f.name, spark_type(types[f.name]) if f.name in types else f.dataType, f.nullable)
+                       for f in schema.fields])
 
 
 def sorted_fields(schema: StructType) -> StructType:
@@ -172,7 +170,7 @@ def evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, pla
     from delta.tables import DeltaTable
 
     table = DeltaTable.forPath(session, gold)
-    current = {f.name: f.dataType for f in table.toDF().schema.fields}
+    current = {f.name: f.dataType.simpleString() for f in table.toDF().schema.fields}
     props = _LazyProperties(session, gold)  # read only when a schema change needs them (most runs have none)
     ref = f"delta.{_q(gold)}"
     done: list[str] = []
@@ -200,7 +198,7 @@ def evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, pla
     rewrite_widen = dict(widen) if modes.widen == "rewrite" else {}
     if rewrite_renames or rewrite_widen or rewrite_drops:
         _rewrite_gold(session, gold, rewrite_renames, rewrite_widen, rewrite_drops)
-        done += [f"widened {c} to {t.simpleString()}" for c, t in rewrite_widen.items()]
+        done += [f"widened {c} to {t}" for c, t in rewrite_widen.items()]
         log.info("%s: gold table rewritten in a new Delta version (renamed %s, widened %s, dropped %s)", name,
                  rewrite_renames or "-", list(rewrite_widen) or "-", rewrite_drops or "-")
         widen = [] if rewrite_widen else widen
@@ -208,18 +206,18 @@ def evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, pla
         session.sql(f"ALTER TABLE {ref} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
     for c, t in widen:
         try:
-            session.sql(f"ALTER TABLE {ref} ALTER COLUMN {_q(c)} TYPE {t.simpleString()}")
+            session.sql(f"ALTER TABLE {ref} ALTER COLUMN {_q(c)} TYPE {t}")
         except Exception as e:  # AnalysisException: a change Delta type widening does not support
             raise MergeError(
-                f"{name}: column {c} changed type from {current[c].simpleString()} to {t.simpleString()}, which Delta "
+                f"{name}: column {c} changed type from {current[c]} to {t}, which Delta "
                 f"type widening cannot apply ({str(e).splitlines()[0][:200]}); rebuild the table: `slotlake resync "
                 f"<source>`, or replay it into a new Delta table with `slotlake replay <source> --table {name} "
                 "--from <LSN of the change> --to <LSN> --dest <path>`") from None
-        done.append(f"widened {c} to {t.simpleString()}")
+        done.append(f"widened {c} to {t}")
     adds = [a for a in evo.adds if a.name not in current]
     if adds:
         session.sql(f"ALTER TABLE {ref} ADD COLUMNS (" + ", ".join(
-            f"{_q(a.name)} {a.dtype.simpleString()}" for a in adds) + ")")
+            f"{_q(a.name)} {a.dtype}" for a in adds) + ")")
         done += [f"added {a.name}" for a in adds]
     for a in evo.adds:
         if a.existing_rows is not None:
@@ -227,7 +225,8 @@ def evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, pla
             value = typed_value(F.lit(a.existing_rows), plan.shape.type_oids[i], plan.shape.typmods[i],
                                 plan.numeric_mode(i))[0]
             # A fresh handle: the one above predates the ALTERs and would not know the column.
-            DeltaTable.forPath(session, gold).update(F.col(_q(a.name)).isNull(), {_q(a.name): value.cast(a.dtype)})
+            DeltaTable.forPath(session, gold).update(F.col(_q(a.name)).isNull(),
+                                                     {_q(a.name): value.cast(spark_type(a.dtype))})
     if modes.rename == "column_mapping":
         for d in drops:
             session.sql(f"ALTER TABLE {ref} DROP COLUMN {_q(d)}")
@@ -257,7 +256,7 @@ class _LazyProperties:
         return self._props.get(key)
 
 
-def _rewrite_gold(session: SparkSession, gold: str, renames: dict[str, str], widen: dict[str, DataType],
+def _rewrite_gold(session: SparkSession, gold: str, renames: dict[str, str], widen: dict[str, str],
                   drops: Sequence[str]) -> None:
     """Rename, widen (`widen` by new name) and drop columns by rewriting the whole table in one new Delta version
     (overwrite + overwriteSchema).
@@ -277,7 +276,7 @@ def _rewrite_gold(session: SparkSession, gold: str, renames: dict[str, str], wid
         if new in drops:  # `drops` and `widen` name columns after the renames
             continue
         col = F.col(_q(f.name))
-        cols.append((col.cast(widen[new]) if new in widen else col).alias(new))
+        cols.append((col.cast(spark_type(widen[new])) if new in widen else col).alias(new))
     df.select(*cols).write.format("delta").mode("overwrite").option("overwriteSchema", "true").save(gold)
 
 
@@ -296,7 +295,8 @@ def typed_layouts(after: DataFrame, plan: TablePlan, evo: Evolution, layouts: li
             (nl, ns), _ = layouts[k + 1]
             seg = seg.where((F.col("commit_lsn") < nl) | ((F.col("commit_lsn") == nl) & (F.col("seq") < ns)))
         cols: list[Column] = [F.col(c) for c in ("commit_lsn", "seq", "commit_ts", "xid", "op")]
-        for i, (p, fill, dtype) in enumerate(zip(evo.positions[k], evo.fills[k], evo.types)):
+        for i, (p, fill, type_text) in enumerate(zip(evo.positions[k], evo.fills[k], evo.types)):
+            dtype = spark_type(type_text)
             if p is None:
                 v = (F.lit(None).cast(dtype) if fill is None else
                      typed_value(F.lit(fill), plan.shape.type_oids[i], plan.shape.typmods[i],

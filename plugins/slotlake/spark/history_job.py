@@ -28,6 +28,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from slotlake import delta_log, failpoints
 from slotlake.config import SourceConfig
@@ -41,6 +42,7 @@ from slotlake.merge.plan import (
     DELETED_COL,
     DUP_COL,
     HISTORY_STAGE,
+    HISTORY_VERSION_FIELDS,
     LSN_COL,
     OP_COL,
     TXN_APP_ID,
@@ -53,12 +55,13 @@ from slotlake.merge.plan import (
     KeyStrategy,
     TablePlan,
     history_app_id,
-    history_schema,
+    in_history,
     needs_column_mapping,
     stage_metadata,
 )
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
+from slotlake.spark.schemas import struct_of
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +222,8 @@ def _start_from_gold(session: SparkSession, hb: HistoryBatch, path: str, start: 
     gold = DeltaTable.forPath(session, hb.gold).toDF()
     if DELETED_COL in gold.columns:
         gold = gold.where(~F.col(DELETED_COL))
-    schema = history_schema(gold.schema)
+    schema = StructType([f for f in gold.schema.fields if in_history(f.name)]
+                        + struct_of(HISTORY_VERSION_FIELDS).fields)
     cols = []
     for f in schema.fields:
         if f.name == VALID_FROM_LSN_COL:

@@ -73,6 +73,7 @@ from slotlake.spark.evolve_job import (
     unified_plan,
     with_types,
 )
+from slotlake.spark.schemas import fields_of, struct_of
 from slotlake.spark.session import error_summary
 from slotlake.spark.typing_job import ensure_quarantine, ensure_table, quarantine_bad_values
 from slotlake.spark.visibility import not_seen_by_copy
@@ -298,11 +299,11 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         plan = unified_plan(name, evo, [shape for _, shape in layouts], src.delete_mode, numeric,
                              keyless_appends=src.keyless_appends(name))
         soft = plan.soft_delete
-        wanted = with_types(plan.gold_schema, evo)
+        wanted = with_types(struct_of(plan.gold_schema), evo)
         if exists:
             schema_changes = evolve_gold(session, gold, name, evo, plan, src.schema_changes)
-            diff = schema_mismatch(sorted_fields(DeltaTable.forPath(session, gold).toDF().schema),
-                                   sorted_fields(wanted))
+            diff = schema_mismatch(fields_of(sorted_fields(DeltaTable.forPath(session, gold).toDF().schema)),
+                                   fields_of(sorted_fields(wanted)))
             if diff:
                 raise MergeError(f"{name}: gold table {gold} does not match the table's definition in silver ({diff}); "
                                  "was it written by something else than slotlake? Resync the table")

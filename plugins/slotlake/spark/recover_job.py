@@ -162,7 +162,7 @@ def _at_point(df, version: CatalogVersion | None):
     the catalog has but gold never got (added with no change since) is NULL."""
     from pyspark.sql import functions as F
 
-    from slotlake.decode.types import spark_type
+    from slotlake.spark.typed_values import spark_type
 
     if version is None:
         return df

@@ -3,7 +3,7 @@
 Each load creates or replaces `gold/<schema>/<table>` (a replace is a new Delta version: earlier versions stay
 for time travel) in ONE commit carrying `userMetadata = {"slotlake": {"end_lsn": <generation C - 1>, "stage":
 "snapshot"}}`, so the merge then applies exactly the changes with commit_lsn >= C. Values are typed by the same
-code as the merge (`typed_changes`: `decode/types.py`), values the gold type cannot hold go to `_quarantine` the
+code as the merge (`typed_changes`: `spark/typed_values.py`), values the gold type cannot hold go to `_quarantine` the
 same way, and the gold schema is the merge's (`TablePlan.gold_schema`). REPLICA IDENTITY FULL rows get
 `_slotlake_dup` 1..n among identical rows. `_slotlake_lsn` of a copied row is the watermark (the row was written
 by a transaction committed before C); `_slotlake_commit_ts` is NULL (unknown).
@@ -44,6 +44,7 @@ from slotlake.merge.visibility import CopySnapshot
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
 from slotlake.source.snapshot import SNAPSHOT_PROPERTY, TableCopy, load_candidates, part_paths, pending_loads
+from slotlake.spark.schemas import struct_of
 from slotlake.spark.typing_job import ensure_quarantine, quarantine_bad_values, typed_changes
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,8 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
         if plan.strategy is KeyStrategy.FULL_ROW:
             every = Window.partitionBy(*[F.col(_q(c)) for c in shape.columns]).orderBy(F.lit(1))
             out = out.withColumn(DUP_COL, F.row_number().over(every).cast(IntegerType()))
-        out = out.select(*[F.col(_q(f.name)).cast(f.dataType).alias(f.name) for f in plan.gold_schema.fields])
+        gold_fields = struct_of(plan.gold_schema).fields
+        out = out.select(*[F.col(_q(f.name)).cast(f.dataType).alias(f.name) for f in gold_fields])
         spark.conf.set(USER_METADATA, stage_metadata(copy.watermark, STAGE))
         try:
             writer = (out.writeTo(f"delta.{_q(gold)}").using("delta")

@@ -1,7 +1,7 @@
 """Typing a batch of silver changes for gold, and the `_quarantine` table for values gold's types cannot hold.
 
 Used by the merge (`merge_job`) and by the load of initial copies (`snapshot_job`), which type their rows with the
-same code (`decode/types.py`).
+same code (`decode/types.py`, `spark/typed_values.py`).
 """
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from pyspark.sql import functions as F
 
 from slotlake import contracts
 from slotlake.config import SourceConfig
-from slotlake.decode.types import typed_value
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import KeyStrategy, TablePlan
 from slotlake.names import spark_ident as _q
 from slotlake.spark.schemas import struct_type
+from slotlake.spark.typed_values import typed_value
 
 log = logging.getLogger(__name__)
 
