@@ -12,7 +12,7 @@ new decoding session), and cut into Arrow batches of 10,000 rows (Spark's `maxRe
 `--repeat` runs each:
   row     what decode_partition did before BatchDecoder: to_pydict, ChangeStreamDecoder.feed per row, row_of,
           pa.array per column for batches of 8,192 rows
-  batch   decode_job.decode_partition (BatchDecoder, batches of at most 8,192 rows)
+  batch   decode.job.decode_partition (BatchDecoder, batches of at most 8,192 rows)
 Both outputs are checked equal. messages/s = bronze rows / s; changes/s = change rows (I/U/D/T) / s.
 """
 from __future__ import annotations
@@ -37,8 +37,8 @@ import pyarrow.compute as pc
 from pgframes import Capture
 from slotlake.decode.decoded import KIND_CHANGE, decoded_schema, row_of, rows_to_batch
 from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder
+from slotlake.decode.job import decode_partition
 from slotlake.lsn import Lsn
-from slotlake.spark.decode_job import decode_partition
 from slotlake_dev.localpg import LocalPostgres, pg_bindir
 
 IN_BATCH_ROWS = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch

@@ -210,7 +210,7 @@ def main() -> None:
         changes = decoded_rows(paths, silver_before)
         replay_s = None
         if args.replay:  # the same range again, as a backfill would: re-decoded and merged into a copy of gold
-            from slotlake.replay import replay
+            from slotlake.recover.replay import replay
 
             t = time.perf_counter()
             replay(cfg, "bench", lsn_before, _silver_end(paths), dest=str(Path(tmp) / "replayed"))

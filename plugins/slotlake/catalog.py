@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 from slotlake import contracts, delta_log
 from slotlake.contracts import STAGE_CATALOG, CommitMeta
-from slotlake.decode.messages import Relation
 from slotlake.lsn import Lsn
 
 if TYPE_CHECKING:
@@ -81,16 +80,6 @@ class TableDefinition:
     columns: tuple[CatalogColumn, ...]
     origin: str  # relation | ddl | bootstrap
     dropped: bool = False
-
-
-def relation_definition(commit_lsn: int, lsn: int, rel: Relation, custom_types: Mapping[int, str]) -> TableDefinition:
-    """A Relation message as a definition (nullability unknown; type names resolved later if custom)."""
-    cols = tuple(CatalogColumn(position=i + 1, name=c.name, type_oid=c.type_oid,
-                               type_name=type_name(c.type_oid, custom_types), typmod=c.typmod, nullable=None,
-                               is_key=c.is_key) for i, c in enumerate(rel.columns))
-    return TableDefinition(commit_lsn=commit_lsn, lsn=lsn, rel_oid=rel.oid, schema_name=rel.schema,
-                           table_name=rel.name, replica_identity=rel.replica_identity.value, columns=cols,
-                           origin="relation")
 
 
 def table_def_definition(commit_lsn: int, lsn: int, table: TableDef, origin: str) -> TableDefinition:

@@ -125,7 +125,7 @@ def run_status(cfg: Config, args: argparse.Namespace) -> int:
 def run_resync(cfg: Config, args: argparse.Namespace) -> int:
     from slotlake.pipeline import plain
     from slotlake.source.lock import source_lock
-    from slotlake.source.snapshot import resync
+    from slotlake.source.resync import resync
     from slotlake.spark.submit import run_spark_app, spark_app
 
     with source_lock(cfg.source(args.source), "resync"):
@@ -151,7 +151,7 @@ def _replay_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_replay(cfg: Config, args: argparse.Namespace) -> int:
-    from slotlake.replay import replay
+    from slotlake.recover.replay import replay
 
     replay(cfg, args.source, args.from_, args.to, args.tables, args.dest)
     return 0
@@ -219,7 +219,7 @@ def _spark_server_args(p: argparse.ArgumentParser) -> None:
 
 def run_spark_server(cfg: Config, args: argparse.Namespace) -> int:
     from slotlake.errors import ConfigError
-    from slotlake.spark.server import main_serve
+    from slotlake.spark_apps.server import main_serve
 
     address = args.listen or cfg.spark.server
     if not address:

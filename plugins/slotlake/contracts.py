@@ -17,6 +17,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +25,15 @@ import pyarrow as pa
 from slotlake.lsn import Lsn
 
 Columns = tuple[tuple[str, str], ...]
+
+class ReplicaIdentity(str, Enum):
+    """pg_class.relreplident, as the Relation message, the catalog and silver's `replica_identity` carry it."""
+
+    DEFAULT = "d"  # key columns of the primary key
+    NOTHING = "n"
+    FULL = "f"
+    INDEX = "i"  # USING INDEX
+
 
 # ---- lake tables ----------------------------------------------------------------------------------------------
 

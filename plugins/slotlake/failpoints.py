@@ -4,9 +4,9 @@ Unset, every check here is one environment lookup and nothing else.
 
     extract_after_write      source/extract.py    raises after placing a bronze file, before advancing the slot
     snapshot_after_parts:N   source/snapshot.py   raises after N parts of a copy were recorded
-    decode_after_catalog     spark/decode_job.py  the process dies after the catalog and DDL log commits, before silver
-    merge_after_history      spark/history_job.py dies after a table's history commit, before its gold commit
-    merge_after_first_table  spark/merge_job.py   dies after the first table's gold commit, before the others and _runs
+    decode_after_catalog     decode/job.py  the process dies after the catalog and DDL log commits, before silver
+    merge_after_history      merge/history_job.py dies after a table's history commit, before its gold commit
+    merge_after_first_table  merge/job.py   dies after the first table's gold commit, before the others and _runs
 """
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def read_watermarks(cfg: Config, source_name: str) -> LakeWatermarks | None:
     from slotlake import bronze
     from slotlake.names import TableName
     from slotlake.source.catalog_read import list_bootstrap
-    from slotlake.source.snapshot import SNAPSHOT_PROPERTY, load_candidates, pending_loads
+    from slotlake.source.copies import SNAPSHOT_PROPERTY, load_candidates, pending_loads
 
     src = cfg.source(source_name)
     paths = LakePaths.of(cfg.lake, source_name)

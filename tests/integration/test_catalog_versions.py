@@ -15,12 +15,12 @@ import pytest
 
 from slotlake.catalog import read_catalog, version_at
 from slotlake.config import parse_config
+from slotlake.decode.job import ddl_log_path, decode_range, run_decode
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.source.catalog_read import archive_bootstrap, list_bootstrap
 from slotlake.source.ddl import install_ddl_capture
 from slotlake.source.extract import extract
-from slotlake.spark.decode_job import ddl_log_path, decode_range, run_decode
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

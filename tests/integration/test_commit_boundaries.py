@@ -13,12 +13,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake.config import parse_config  # noqa: E402
+from slotlake.decode.job import run_decode  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake.lsn import Lsn  # noqa: E402
+from slotlake.merge.job import run_merge  # noqa: E402
 from slotlake.source.extract import extract  # noqa: E402
 from slotlake.source.preflight import run_preflight  # noqa: E402
-from slotlake.spark.decode_job import run_decode  # noqa: E402
-from slotlake.spark.merge_job import run_merge  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -11,10 +11,10 @@ import pytest
 from pgframes import Capture, write_bronze
 from slotlake.catalog import read_catalog
 from slotlake.config import parse_config
+from slotlake.decode.job import SILVER_COLUMNS, decode_watermark, run_decode
 from slotlake.decode.pgoutput import decode_message
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
-from slotlake.spark.decode_job import SILVER_COLUMNS, decode_watermark, run_decode
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -201,8 +201,8 @@ def test_rows_left_without_commit_end_get_it_from_the_join(spark, pg_db):
     from slotlake.decode.commit_ends import CommitEnds
     from slotlake.decode.decoded import KIND_CHANGE, KIND_COMMIT
     from slotlake.decode.frames import BronzeRow
+    from slotlake.decode.job import DECODED_DDL, _silver_rows
     from slotlake.decode.vector import BatchDecoder
-    from slotlake.spark.decode_job import DECODED_DDL, _silver_rows
 
     cap = Capture(pg_db)
     try:
@@ -240,7 +240,7 @@ def test_rows_left_without_commit_end_get_it_from_the_join(spark, pg_db):
 def test_each_silver_file_holds_one_table(spark, pg_db, tmp_path, monkeypatch):
     """The decode lays silver out by table (a big batch of a table over several files), so the merge of a table
     reads only its files: Delta's file statistics show one table per file, and the rows are all there."""
-    import slotlake.spark.decode_job as decode_job
+    import slotlake.decode.job as decode_job
 
     monkeypatch.setattr(decode_job, "_ROWS_PER_FILE", 50)
     cfg = parse_config({"lake": str(tmp_path / "lake"), "sources": {"shop": {"dsn": pg_db}}})

@@ -10,7 +10,8 @@ import pytest
 
 from slotlake import delta_log
 from slotlake.lsn import Lsn
-from slotlake.spark import merge_job, watermarks
+from slotlake.merge import job as merge_job
+from slotlake.merge import watermarks
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

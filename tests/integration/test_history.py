@@ -31,10 +31,10 @@ from oracle import assert_gold_equals_pg, pg_columns
 from slotlake import delta_log
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
+from slotlake.merge.history_job import history_as_of, history_coverage
 from slotlake.merge.plan import VALID_FROM_LSN_COL, VALID_TO_LSN_COL
 from slotlake.names import spark_ident
-from slotlake.spark.history_job import history_as_of, history_coverage
-from slotlake.spark.recover_job import resolve_as_of
+from slotlake.recover.point_job import resolve_as_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -12,7 +12,7 @@ from slotlake.config import parse_config
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
-from slotlake.spark.merge_job import run_merge
+from slotlake.merge.job import run_merge
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
@@ -399,7 +399,7 @@ def test_tables_merge_in_parallel_to_the_same_end_lsn(lake):
 def test_typed_values_of_every_family(spark):
     from pyspark.sql import functions as F
 
-    from slotlake.spark.typed_values import spark_type, typed_value
+    from slotlake.merge.typed_values import spark_type, typed_value
     cases = [  # (oid, typmod, text, expected value, bad?)
         (16, -1, "t", True, False), (16, -1, "f", False, False),
         (21, -1, "-32768", -32768, False), (20, -1, "9223372036854775807", 9223372036854775807, False),
@@ -449,7 +449,7 @@ def test_unconstrained_numeric_as_string_keeps_the_text(spark):
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType
 
-    from slotlake.spark.typed_values import spark_type, typed_value
+    from slotlake.merge.typed_values import spark_type, typed_value
     df = spark.createDataFrame([(t,) for t in EXACT] + [(None,)], "text string")
     value, reason = typed_value(F.col("text"), NUMERIC, -1, "string")
     assert spark_type(NUMERIC, -1, "string") == StringType()
@@ -527,7 +527,7 @@ def test_bad_value_error_names_the_row(spark, tmp_path):
 def test_a_quarantine_table_of_an_older_release_gets_the_row_key_column(lake):
     from pyspark.sql.types import MapType, StringType
 
-    from slotlake.spark.typing_job import QUARANTINE_SCHEMA
+    from slotlake.merge.typing_job import QUARANTINE_SCHEMA
     old_schema = QUARANTINE_SCHEMA.__class__([f for f in QUARANTINE_SCHEMA.fields if f.name != "row_key"])
     old_row = ("public", "m", "amount", NUMERIC, "NaN", "old reason", 50, 1, 0, dt.datetime(2024, 1, 1))
     lake.spark.createDataFrame([old_row], old_schema).write.format("delta").save(lake.paths.quarantine)
@@ -595,7 +595,7 @@ def test_last_per_key_path_gives_the_window_paths_gold(spark, tmp_path, monkeypa
     """A keyed batch without key changes, unchanged TOAST or soft deletes takes `_last_per_key`; the same two
     batches merged with that path switched off (the window passes) give the same gold, row for row with the
     LSN and commit time, and both the expected one."""
-    import slotlake.spark.lineage as lineage
+    import slotlake.merge.lineage as lineage
 
     first = [ITEMS.ins(100, 0, "1", "a"), ITEMS.ins(100, 1, "2", "b"), ITEMS.ins(100, 2, "3", "c")]
     hot = [ITEMS.upd(200 + i, 0, "1", f"v{i}") for i in range(30)]  # one key updated many times

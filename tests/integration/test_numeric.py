@@ -14,16 +14,16 @@ import pytest
 
 from oracle import assert_gold_equals_pg
 from slotlake.config import parse_config
+from slotlake.decode.job import run_decode
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
-from slotlake.replay import request
-from slotlake.source import snapshot as snap
+from slotlake.merge.job import run_merge
+from slotlake.merge.watermarks import delta_watermark
+from slotlake.recover.replay import request
+from slotlake.recover.replay_job import run_replay
+from slotlake.source import resync
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
-from slotlake.spark.decode_job import run_decode
-from slotlake.spark.merge_job import run_merge
-from slotlake.spark.replay_job import run_replay
-from slotlake.spark.watermarks import delta_watermark
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -154,7 +154,7 @@ def test_decimal_mode_quarantines_with_the_row_key_and_a_changed_setting_needs_r
         run_merge(spark, text_cfg, SRC)
     assert "column amount (numeric without precision) is decimal(38,18) in gold, but numeric.unconstrained: " \
            "string maps it to string" in str(err.value) and "slotlake resync <source>" in str(err.value)
-    snap.resync(text_cfg, text_cfg.source(SRC))
+    resync.resync(text_cfg, text_cfg.source(SRC))
     run_merge(spark, text_cfg, SRC)  # loads the new copies
     _sql(pg_db, f"UPDATE ledger SET amount = {BIG} WHERE id = 2")
     _sync(spark, text_cfg)

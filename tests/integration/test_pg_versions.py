@@ -13,14 +13,14 @@ import pytest
 
 from oracle import assert_gold_equals_pg
 from slotlake.config import parse_config
+from slotlake.decode.job import run_decode
 from slotlake.errors import PreflightError, SlotLostError
 from slotlake.lake import LakePaths
+from slotlake.merge.job import run_merge
 from slotlake.source.ddl import install_ddl_capture
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
 from slotlake.source.status import slot_status
-from slotlake.spark.decode_job import run_decode
-from slotlake.spark.merge_job import run_merge
 from slotlake_dev.localpg import LocalPostgres
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from slotlake import delta_log
 from slotlake.config import parse_config
 from slotlake.errors import PreflightError
 from slotlake.lake import LakePaths
-from slotlake.source import snapshot as snap
+from slotlake.source import copies
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
 
@@ -48,8 +48,8 @@ def _rows(dsn: str, query: str) -> list[tuple]:
 
 
 def _sync(spark, cfg):
-    from slotlake.spark.decode_job import run_decode
-    from slotlake.spark.merge_job import run_merge
+    from slotlake.decode.job import run_decode
+    from slotlake.merge.job import run_merge
 
     run_preflight(cfg, cfg.source(SRC))
     extract(cfg, cfg.source(SRC))
@@ -97,14 +97,14 @@ def test_no_table_list_creates_a_publication_for_all_tables(pg_db, tmp_path):
     warning = next(w for w in report.warnings if w.startswith("public.log"))
     assert "ALTER TABLE public.log REPLICA IDENTITY FULL" in warning and "sources.shop.insert_only" in warning
     root = LakePaths.of(cfg.lake, SRC).root
-    gen = snap.current_generation(root)
-    assert {t for t in ("public.orders", "public.log", "public.m") if snap.complete_copy(root, t, gen)} == {
+    gen = copies.current_generation(root)
+    assert {t for t in ("public.orders", "public.log", "public.m") if copies.complete_copy(root, t, gen)} == {
         "public.orders", "public.log", "public.m"}
     # A table created later is followed: the publication has it, and the next preflight copies it.
     _sql(pg_db, "CREATE TABLE later (id int PRIMARY KEY)", "INSERT INTO later VALUES (1), (2)")
     again = run_preflight(cfg, cfg.source(SRC))
     assert not again.publication_created and "public.later" in {t.name for t in again.tables}
-    copy = snap.complete_copy(root, "public.later", gen)
+    copy = copies.complete_copy(root, "public.later", gen)
     assert copy is not None and copy.kind == "current" and copy.rows == 2
 
 
@@ -163,8 +163,8 @@ ANALYZE;
 @pytest.mark.spark
 @pytest.mark.slow
 def test_all_tables_source_follows_tables_created_later(pg_db, tmp_path, spark):
-    from slotlake.spark.decode_job import run_decode
-    from slotlake.spark.merge_job import run_merge
+    from slotlake.decode.job import run_decode
+    from slotlake.merge.job import run_merge
 
     _sql(pg_db, SHOP)
     cfg = _config(tmp_path / "lake", pg_db)
@@ -199,8 +199,8 @@ def test_all_tables_source_follows_tables_created_later(pg_db, tmp_path, spark):
          "UPDATE fresh SET v = 'later' WHERE id < 5", "INSERT INTO log VALUES ('third', 1)")
     _sync(spark, cfg)
     root = LakePaths.of(cfg.lake, SRC).root
-    gen = snap.current_generation(root)
-    assert all(snap.complete_copy(root, t, gen) is not None for t in tables)
+    gen = copies.current_generation(root)
+    assert all(copies.complete_copy(root, t, gen) is not None for t in tables)
     counts = _assert_equal(spark, cfg, pg_db, tables)
     assert counts["public.racer"] == 31 and counts["public.log"] == 91
 
@@ -268,8 +268,8 @@ def test_insert_only_added_to_a_running_source(pg_db, tmp_path, spark):
     wrote to the table before the publication existed and commits while the preflight waits is in the copy."""
     import threading
 
-    from slotlake.spark.decode_job import run_decode
-    from slotlake.spark.merge_job import run_merge
+    from slotlake.decode.job import run_decode
+    from slotlake.merge.job import run_merge
 
     _sql(pg_db, HISTORY)
     lake = tmp_path / "lake"
@@ -288,7 +288,7 @@ def test_insert_only_added_to_a_running_source(pg_db, tmp_path, spark):
         timer.join()
         running.close()
     root = LakePaths.of(cfg.lake, SRC).root
-    since = snap.publication_start(root, src.slot, src.insert_only_publication)
+    since = copies.publication_start(root, src.slot, src.insert_only_publication)
     assert since is not None
     _sql(pg_db, "INSERT INTO history VALUES (2, 2, 'published'), (2, 2, 'published')",
          "UPDATE accounts SET balance = 3 WHERE id = 3")

@@ -21,18 +21,18 @@ from psycopg import sql
 
 from oracle import assert_gold_equals_pg, canonical, pg_rows
 from slotlake.config import load_config
+from slotlake.decode.job import run_decode
 from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
+from slotlake.merge.job import run_merge
 from slotlake.names import TableName
 from slotlake.recover.point import request
+from slotlake.recover.point_job import resolve_as_of, run_recover
 from slotlake.source.connection import table_ident
 from slotlake.source.ddl import install_ddl_capture
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
-from slotlake.spark.decode_job import run_decode
-from slotlake.spark.merge_job import run_merge
-from slotlake.spark.recover_job import resolve_as_of, run_recover
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

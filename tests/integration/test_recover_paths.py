@@ -28,9 +28,9 @@ from integration.test_recover import (
 )
 from oracle import assert_gold_equals_pg
 from slotlake.lake import LakePaths
-from slotlake.source.snapshot import resync
-from slotlake.spark.history_job import history_coverage
-from slotlake.spark.snapshot_job import load_snapshots
+from slotlake.merge.history_job import history_coverage
+from slotlake.merge.snapshot_job import load_snapshots
+from slotlake.source.resync import resync
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -115,7 +115,7 @@ def test_recover_before_and_after_a_resync_into_delta(spark, rlake, tmp_path):
 
 def test_a_point_the_archive_never_covered_is_refused(spark, rlake, tmp_path):
     from slotlake.recover.point import RecoverError
-    from slotlake.source.snapshot import current_generation
+    from slotlake.source.copies import current_generation
 
     gen = current_generation(LakePaths.of(rlake.cfg.lake, "src").root)
     assert gen.reason == "resync" and rlake.points[4][0] <= gen.archived_to < rlake.in_gap < gen.consistent_point
@@ -171,8 +171,8 @@ def slake(pg_server, spark, tmp_path_factory) -> Lake:
 
 
 def test_soft_delete_history_as_of_and_recover_equal_the_recorded_states(spark, slake, tmp_path):
-    from slotlake.spark.history_job import history_as_of
-    from slotlake.spark.recover_job import resolve_as_of
+    from slotlake.merge.history_job import history_as_of
+    from slotlake.recover.point_job import resolve_as_of
 
     paths = LakePaths.of(slake.cfg.lake, "src")
     for i, (lsn, _) in enumerate(slake.points):

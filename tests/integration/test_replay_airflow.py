@@ -24,11 +24,11 @@ import yaml
 
 from oracle import assert_gold_equals_pg
 from slotlake.config import load_config
+from slotlake.decode.job import run_decode
 from slotlake.lake import LakePaths
+from slotlake.merge.job import run_merge
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
-from slotlake.spark.decode_job import run_decode
-from slotlake.spark.merge_job import run_merge
 from slotlake_dev.airflow_local import airflow_bin, local_airflow_env, migrate, run_airflow
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow]

@@ -16,16 +16,16 @@ import pytest
 from oracle import assert_gold_equals_pg
 from slotlake import bronze
 from slotlake.config import parse_config
+from slotlake.decode.job import decode_watermark, run_decode
 from slotlake.lake import LakePaths
-from slotlake.replay import request
+from slotlake.merge.job import run_merge
+from slotlake.merge.watermarks import delta_watermark
+from slotlake.recover.replay import request
+from slotlake.recover.replay_job import ReplayError, run_replay
 from slotlake.source.connection import connect
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
 from slotlake.source.slot import slot_info
-from slotlake.spark.decode_job import decode_watermark, run_decode
-from slotlake.spark.merge_job import run_merge
-from slotlake.spark.replay_job import ReplayError, run_replay
-from slotlake.spark.watermarks import delta_watermark
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

@@ -16,14 +16,14 @@ import pytest
 
 from oracle import assert_gold_equals_pg
 from slotlake.config import parse_config
+from slotlake.decode.job import run_decode
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
+from slotlake.merge.job import MergeReport, run_merge
+from slotlake.merge.watermarks import delta_watermark
 from slotlake.source.ddl import install_ddl_capture
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
-from slotlake.spark.decode_job import run_decode
-from slotlake.spark.merge_job import MergeReport, run_merge
-from slotlake.spark.watermarks import delta_watermark
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

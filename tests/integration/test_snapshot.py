@@ -20,6 +20,7 @@ from oracle import assert_gold_equals_pg
 from slotlake.config import parse_config
 from slotlake.errors import SlotLostError, SnapshotError
 from slotlake.lake import LakePaths
+from slotlake.source import copies, resync
 from slotlake.source import snapshot as snap
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
@@ -114,8 +115,8 @@ class Writer(threading.Thread):
 
 
 def _sync(spark, cfg):
-    from slotlake.spark.decode_job import run_decode
-    from slotlake.spark.merge_job import run_merge
+    from slotlake.decode.job import run_decode
+    from slotlake.merge.job import run_merge
 
     src = cfg.source(SRC)
     run_preflight(cfg, src)
@@ -143,18 +144,18 @@ def test_first_sync_copies_under_the_slot_snapshot_with_a_concurrent_writer(pg_d
     time.sleep(0.5)
     assert writer.stop() > ops_during > 0, "the writer must have run through the copy"
     root = LakePaths.of(cfg.lake, SRC).root
-    gen = snap.current_generation(root)
+    gen = copies.current_generation(root)
     for t in TABLES:
-        copy = snap.complete_copy(root, t, gen)
+        copy = copies.complete_copy(root, t, gen)
         assert copy is not None and copy.kind == "exported" and copy.parts_total > 1
         assert copy.watermark == gen.watermark
-    from slotlake.spark.decode_job import run_decode
-    from slotlake.spark.merge_job import run_merge
+    from slotlake.decode.job import run_decode
+    from slotlake.merge.job import run_merge
 
     assert snap.ensure_snapshots(cfg, src).copies == ()  # everything was copied with the slot
     # Loaded but not merged yet: `status` shows each table applied up to the copy's consistent point - 1.
     from slotlake.cli import source_status
-    from slotlake.spark.snapshot_job import load_snapshots
+    from slotlake.merge.snapshot_job import load_snapshots
 
     load_snapshots(spark, cfg, SRC)
     assert {t["table"]: (t["applied_lsn"], t["applied_by"]) for t in source_status(cfg, SRC)["tables"]} == {
@@ -176,9 +177,9 @@ def test_a_merge_into_other_gold_paths_leaves_pending_copies_alone(pg_db, tmp_pa
     """A replay or undo merges into its own tables (`gold_path_for`): a complete copy not loaded yet stays pending
     for the next live merge, which loads it and then applies the changes on top."""
     from slotlake import delta_log
+    from slotlake.decode.job import run_decode
     from slotlake.lake import table_dir
-    from slotlake.spark.decode_job import run_decode
-    from slotlake.spark.merge_job import run_merge
+    from slotlake.merge.job import run_merge
 
     _sql(pg_db, "CREATE TABLE items (id int PRIMARY KEY, v text); "
                 "INSERT INTO items SELECT g, 'v' || g FROM generate_series(1, 40) g")
@@ -194,7 +195,7 @@ def test_a_merge_into_other_gold_paths_leaves_pending_copies_alone(pg_db, tmp_pa
     assert delta_log.is_delta_table(table_dir(other, "public", "items"))
     assert not os.path.exists(gold), "a merge into other tables loaded the pending copy into live gold"
     root = LakePaths.of(cfg.lake, SRC).root
-    assert snap.complete_copy(root, "public.items", snap.current_generation(root)) is not None
+    assert copies.complete_copy(root, "public.items", copies.current_generation(root)) is not None
     run_merge(spark, cfg, SRC)
     _assert_equal(spark, cfg, pg_db, ["public.items"])
 
@@ -214,17 +215,17 @@ def test_table_added_to_a_running_source_under_concurrent_writes(pg_db, tmp_path
     pre = run_preflight(cfg2, src)  # adds the table to the publication, then copies it under its own snapshot
     assert pre.tables_added == ("public.later",)
     root = LakePaths.of(cfg2.lake, SRC).root
-    gen = snap.current_generation(root)
-    added = snap.complete_copy(root, "public.later", gen)
+    gen = copies.current_generation(root)
+    added = copies.complete_copy(root, "public.later", gen)
     assert added is not None and added.kind == "current" and added.parts_total > 1
     assert added.copy_snapshot is not None and added.watermark == gen.watermark
-    assert [len(snap.table_copies(root, t)) for t in TABLES] == [1, 1]  # the others are not copied again
+    assert [len(copies.table_copies(root, t)) for t in TABLES] == [1, 1]  # the others are not copied again
     assert snap.ensure_snapshots(cfg2, src).copies == ()
     time.sleep(0.3)
     writer.stop()
     extract(cfg2, src)
-    from slotlake.spark.decode_job import run_decode
-    from slotlake.spark.merge_job import run_merge
+    from slotlake.decode.job import run_decode
+    from slotlake.merge.job import run_merge
 
     run_decode(spark, cfg2, SRC)
     run_merge(spark, cfg2, SRC)
@@ -249,20 +250,20 @@ def test_killed_snapshot_resumes_the_unfinished_table_to_an_exact_result(pg_db, 
     with pytest.raises(SnapshotError, match="failpoint"):
         run_preflight(cfg, src)
     monkeypatch.delenv(snap.FAILPOINT_ENV)
-    gen = snap.current_generation(root)
+    gen = copies.current_generation(root)
     assert gen is not None
-    unfinished = [t for t in TABLES if snap.complete_copy(root, t, gen) is None]
+    unfinished = [t for t in TABLES if copies.complete_copy(root, t, gen) is None]
     assert unfinished, "the failpoint must leave a table half copied"
     time.sleep(0.3)
     _sync(spark, cfg)  # the slot exists now: preflight recopies the unfinished table under a new snapshot
     writer.stop()
     for t in TABLES:
-        done = snap.complete_copy(root, t, gen)
+        done = copies.complete_copy(root, t, gen)
         assert done is not None
         assert done.kind == ("current" if t in unfinished else "exported")
     finished = [t for t in TABLES if t not in unfinished]
     for t in finished:  # a finished table is never copied again
-        assert len(snap.table_copies(root, t)) == 1
+        assert len(copies.table_copies(root, t)) == 1
     _sync(spark, cfg)
     _assert_equal(spark, cfg, pg_db, TABLES)
 
@@ -270,7 +271,7 @@ def test_killed_snapshot_resumes_the_unfinished_table_to_an_exact_result(pg_db, 
 def test_slot_dropped_by_hand_then_resync(pg_db, tmp_path, spark):
     from delta.tables import DeltaTable
 
-    from slotlake.spark.snapshot_job import load_snapshots
+    from slotlake.merge.snapshot_job import load_snapshots
 
     _sql(pg_db, SCHEMA)
     cfg = _config(tmp_path / "lake", pg_db, TABLES)
@@ -287,7 +288,7 @@ def test_slot_dropped_by_hand_then_resync(pg_db, tmp_path, spark):
     _sql(pg_db, "UPDATE accounts SET owner = 'lost' WHERE id <= 100; DELETE FROM events WHERE qty = 0")
     with pytest.raises(SlotLostError, match="resync"):
         run_preflight(cfg, src)
-    report = snap.resync(cfg, src)
+    report = resync.resync(cfg, src)
     assert report.old_slot is None and not report.old_slot_dropped
     assert report.snapshot.slot_created and {c.table for c in report.snapshot.copies} == set(TABLES)
     assert report.old_bronze_end is not None and report.snapshot.generation > report.old_bronze_end
@@ -341,10 +342,10 @@ def test_a_part_that_fails_is_copied_again_on_a_new_connection(pg_db, tmp_path, 
     assert run_preflight(cfg, cfg.source(SRC)).slot_created
     assert failed, "no part failed: the retry path did not run"
     root = LakePaths.of(cfg.lake, SRC).root
-    gen = snap.current_generation(root)
+    gen = copies.current_generation(root)
     with psycopg.connect(pg_db) as c:
         for t in TABLES:
-            copy = snap.complete_copy(root, t, gen)
+            copy = copies.complete_copy(root, t, gen)
             assert copy is not None and sorted(p["index"] for p in copy.parts) == list(range(copy.parts_total))
             assert sum(p["rows"] for p in copy.parts) == c.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
     _sync(spark, cfg)
@@ -363,13 +364,13 @@ def test_no_connection_in_the_snapshot_fails_the_copy_in_one_line(pg_db, tmp_pat
                                             r"connection refused$"):
         run_preflight(cfg, cfg.source(SRC))
     root = LakePaths.of(cfg.lake, SRC).root
-    gen = snap.current_generation(root)
-    assert gen is None or all(snap.complete_copy(root, t, gen) is None for t in TABLES)
+    gen = copies.current_generation(root)
+    assert gen is None or all(copies.complete_copy(root, t, gen) is None for t in TABLES)
 
 def test_spark_visibility_predicate_matches_the_pure_rule(spark):
     from slotlake.lsn import Lsn
-    from slotlake.merge.visibility import CopySnapshot, seen_by_copy
-    from slotlake.spark.visibility import not_seen_by_copy
+    from slotlake.merge.visibility_job import not_seen_by_copy
+    from slotlake.source.visibility import CopySnapshot, seen_by_copy
 
     epoch = 7 << 32
     snaps = [CopySnapshot.parse("100:110:102,105", Lsn(5000)),

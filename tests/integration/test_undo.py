@@ -19,14 +19,14 @@ import pytest
 
 from oracle import canonical, pg_rows
 from slotlake.config import parse_config
+from slotlake.decode.job import decode_watermark, run_decode
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
+from slotlake.merge.job import run_merge
 from slotlake.recover.transactions import list_transactions
 from slotlake.recover.undo import UndoError, undo
 from slotlake.source.extract import extract
 from slotlake.source.preflight import run_preflight
-from slotlake.spark.decode_job import decode_watermark, run_decode
-from slotlake.spark.merge_job import run_merge
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 

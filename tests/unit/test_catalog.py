@@ -7,12 +7,12 @@ from slotlake.catalog import (
     TableDefinition,
     apply_definitions,
     drop_definition,
-    relation_definition,
     table_def_definition,
     type_name,
     version_at,
 )
 from slotlake.decode.messages import Column, Relation, ReplicaIdentity
+from slotlake.decode.relations import relation_definition
 
 pytestmark = pytest.mark.unit
 

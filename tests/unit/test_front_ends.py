@@ -145,8 +145,8 @@ def test_one_line_collapses_multiline_messages():
 def test_every_stage_has_an_app_file_and_an_entry():
     import typing
 
-    from slotlake.spark.apps import APPS
     from slotlake.spark.submit import Stage
+    from slotlake.spark_apps.apps import APPS
 
     stages = set(typing.get_args(Stage))
     assert stages == set(APPS)
@@ -156,7 +156,7 @@ def test_every_stage_has_an_app_file_and_an_entry():
 
 
 def test_app_with_a_bad_config_says_why_in_one_line_and_exits_1(tmp_path, capsys):
-    from slotlake.spark.apps import main
+    from slotlake.spark_apps.apps import main
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("lake: /tmp/x\nsources: {shop: {dsn: 'postgresql://u@h/db', delete_mode: sometimes}}\n")

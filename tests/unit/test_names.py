@@ -11,9 +11,9 @@ from slotlake.errors import ConfigError, MergeError, SlotlakeError
 from slotlake.lake import LakePaths, name_of_segment, path_segment
 from slotlake.merge.plan import needs_column_mapping, parse_tables
 from slotlake.names import TableName
-from slotlake.replay import request
+from slotlake.recover.replay import request
 from slotlake.source.connection import table_ident
-from slotlake.source.snapshot import copy_folder, snapshot_dir, table_of_copy_folder
+from slotlake.source.copies import copy_folder, snapshot_dir, table_of_copy_folder
 
 pytestmark = pytest.mark.unit
 

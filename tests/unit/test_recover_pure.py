@@ -105,7 +105,7 @@ def test_result_says_which_tables_came_from_history():
 @pytest.mark.parametrize("lsn, covered", [(Lsn(9), False), (Lsn(10), True), (Lsn(15), True), (Lsn(20), True),
                                           (Lsn(21), False)], ids=["before", "start", "inside", "watermark", "past"])
 def test_history_covers_from_its_start_to_its_watermark(lsn, covered):
-    from slotlake.spark.history_job import HistoryCoverage
+    from slotlake.merge.history_job import HistoryCoverage
 
     assert HistoryCoverage(Lsn(10), Lsn(20)).covers(lsn) is covered
 
@@ -118,7 +118,7 @@ def test_the_dag_form_pattern_accepts_exactly_what_the_cli_parses(text, ok):
     import re
 
     from slotlake.recover.point import AS_OF_PATTERN
-    from slotlake.replay import parse_point
+    from slotlake.recover.replay import parse_point
 
     assert bool(re.match(AS_OF_PATTERN, text)) is ok
     if ok:

@@ -7,12 +7,12 @@ from datetime import UTC, datetime
 import pytest
 
 from slotlake.bronze import BronzeFile
+from slotlake.decode.job import files_for_range
 from slotlake.errors import ConfigError, DecodeError
 from slotlake.lsn import Lsn
-from slotlake.replay import ReplayRequest, parse_point, request
+from slotlake.recover.replay import ReplayRequest, parse_point, request
+from slotlake.recover.replay_job import base_at
 from slotlake.source.catalog_read import bootstrap_dir, list_bootstrap
-from slotlake.spark.decode_job import files_for_range
-from slotlake.spark.replay_job import base_at
 
 pytestmark = pytest.mark.unit
 UTC = UTC

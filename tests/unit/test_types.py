@@ -21,7 +21,7 @@ from pyspark.sql.types import (
 
 from slotlake.contracts import type_tree
 from slotlake.decode.types import ArrayLiteralError, NumericTypmod, gold_type, parse_array_literal
-from slotlake.spark.typed_values import spark_type
+from slotlake.merge.typed_values import spark_type
 
 pytestmark = pytest.mark.unit
 

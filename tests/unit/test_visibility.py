@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from slotlake.lsn import Lsn
-from slotlake.merge.visibility import CopySnapshot, seen_by_copy, xid32
 from slotlake.source.snapshot import plan_parts
+from slotlake.source.visibility import CopySnapshot, seen_by_copy, xid32
 
 pytestmark = pytest.mark.unit
 

@@ -3,8 +3,8 @@
 `slotlake_sync__<source>`: preflight -> extract -> decode -> merge -> report. preflight, extract and report are
 Python tasks calling `slotlake.pipeline`; decode and merge are `SparkSubmitOperator`s fed with the same
 `SparkApp` the CLI submits (with `spark.server` configured: Python tasks sending that app to the long-lived
-`slotlake spark-server`, `slotlake.spark.server`, as the CLI does). Building a DAG touches no database and starts no
-Spark: it only reads the config.
+`slotlake spark-server`, `slotlake.spark_apps.server`, as the CLI does). Building a DAG touches no database and
+starts no Spark: it only reads the config.
 When the extract finds nothing due (`slotlake.pending`, in its XCom), decode and merge skip themselves before
 spark-submit (no JVM) and the report still runs; when only the merge is due (a merge that died halfway), only
 the decode is skipped.

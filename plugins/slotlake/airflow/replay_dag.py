@@ -1,4 +1,4 @@
-"""`slotlake_replay__<source>`: the Airflow backfill target (see slotlake.replay for what a replay does).
+"""`slotlake_replay__<source>`: the Airflow backfill target (see slotlake.recover.replay for what a replay does).
 
 One run = one data interval of the source's schedule (hourly by default): the commits with `data_interval_start <=
 commit_ts < data_interval_end` are re-decoded from bronze with the historical catalog and the tables rebuilt, in

@@ -5,19 +5,12 @@ Reference: PostgreSQL docs, "Logical Replication Message Formats". Produced by `
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
+from slotlake.contracts import ReplicaIdentity
 from slotlake.lsn import Lsn
 
 DDL_MESSAGE_PREFIX = "slotlake.ddl"
 """The prefix of slotlake's DDL events (a transactional logical Message, written by sql/ddl_capture.sql)."""
-
-
-class ReplicaIdentity(str, Enum):
-    DEFAULT = "d"  # key columns of the primary key
-    NOTHING = "n"
-    FULL = "f"
-    INDEX = "i"  # USING INDEX
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 
+from slotlake.contracts import ReplicaIdentity
 from slotlake.decode.messages import (
     UNCHANGED_TOAST,
     Begin,
@@ -19,7 +20,6 @@ from slotlake.decode.messages import (
     Origin,
     PgOutputMessage,
     Relation,
-    ReplicaIdentity,
     Truncate,
     Type,
     Update,

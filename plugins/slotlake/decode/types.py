@@ -14,7 +14,7 @@ Types Spark cannot hold exactly (time, timetz, interval, uuid, json, network typ
 stay strings: PostgreSQL's text form is lossless.
 
 Pure: types are Spark SQL type text (`decimal(10,2)`, `array<int>`: what `DataType.simpleString()` prints); the
-Spark half (`slotlake.spark.typed_values`) turns them into DataTypes and text into typed Columns.
+Spark half (`slotlake.merge.typed_values`) turns them into DataTypes and text into typed Columns.
 """
 from __future__ import annotations
 

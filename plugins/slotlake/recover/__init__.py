@@ -3,5 +3,5 @@
     slotlake recover SOURCE --as-of POINT --table T [--table T ...] --to DEST [--into-schema S] [--replace]
 
 `point` parses and checks the request (no I/O) and submits the Spark app `spark_apps/recover.py`
-(`slotlake.spark.recover_job.run_recover`); `to_postgres` creates the historical table in PostgreSQL and fills it.
+(`slotlake.recover.point_job.run_recover`); `to_postgres` creates the historical table in PostgreSQL and fills it.
 """

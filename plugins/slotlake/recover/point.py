@@ -11,9 +11,9 @@
   is taken out of the URL here and handed to the Spark app as PGPASSWORD in its environment.
 - An existing target table is never overwritten unless `replace`.
 
-The work runs in the Spark app `spark_apps/recover.py` (`slotlake.spark.recover_job.run_recover`), which starts
+The work runs in the Spark app `spark_apps/recover.py` (`slotlake.recover.point_job.run_recover`), which starts
 from the nearest gold version at or before the point and applies only the archived changes after it (the replay
-machinery, `slotlake.spark.replay_job`).
+machinery, `slotlake.recover.replay_job`).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from slotlake.config import Config
 from slotlake.errors import ConfigError, RecoverError
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
-from slotlake.replay import Point, format_point, parse_point, parse_table
+from slotlake.recover.replay import Point, format_point, parse_point, parse_table
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 How a user finds the bad transaction before `slotlake undo`: per commit its xid, commit LSN, commit end LSN, commit
 time, and per table touched the rows inserted / updated / deleted (and TRUNCATEs). X and Y are parsed as `replay`
-parses them (`slotlake.replay.parse_point`) and mean the same range: an LSN bounds by commit LSN, inclusive at
+parses them (`slotlake.recover.replay.parse_point`) and mean the same range: an LSN bounds by commit LSN, inclusive at
 both ends; a moment T stands for the last commit before it (silver's greatest `commit_lsn` with `commit_ts < T`),
 so two moments A, B list the commits with `A <= commit_ts < B`, the ones `replay --from A --to B` applies.
 
@@ -23,7 +23,7 @@ from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
-from slotlake.replay import Point, parse_point, parse_table
+from slotlake.recover.replay import Point, parse_point, parse_table
 
 _COLUMNS = ["commit_lsn", "commit_end_lsn", "commit_ts", "xid", "schema_name", "table_name", "op"]
 _MAX_LONG = 2**63 - 1
@@ -140,7 +140,7 @@ def open_silver(cfg: Config, source: str):
 
 def resolve_point(dataset, point: Point) -> Lsn:
     """An LSN as is; a moment T -> silver's greatest commit LSN with commit_ts < T (replay's rule,
-    `slotlake.spark.replay_job.resolve`): with none before T, the LSN just before silver's first commit."""
+    `slotlake.recover.replay_job.resolve`): with none before T, the LSN just before silver's first commit."""
     import pyarrow as pa
     import pyarrow.compute as pc
 

@@ -395,9 +395,9 @@ def _table_undo(spark, cfg: Config, ref: TransactionRef, touched: TableTouched, 
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    from slotlake.spark.decode_job import SILVER_COLUMNS
-    from slotlake.spark.merge_job import run_merge
-    from slotlake.spark.replay_job import _build, base_at, recorded_ends
+    from slotlake.decode.job import SILVER_COLUMNS
+    from slotlake.merge.job import run_merge
+    from slotlake.recover.replay_job import _build, base_at, recorded_ends
 
     source = ref.source
     paths = LakePaths.of(cfg.lake, source)
@@ -474,7 +474,7 @@ def undo(cfg: Config, source: str, xid: int | None = None, commit_lsn: str | Non
     """Build the undo script of one transaction (see the module doc); writes it to `out` when given."""
     from pyspark.sql import SparkSession
 
-    from slotlake.spark.replay_job import _delete_path
+    from slotlake.recover.replay_job import _delete_path
     from slotlake.spark.session import get_spark
 
     cfg.source(source)

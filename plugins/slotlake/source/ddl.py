@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from slotlake.decode.messages import ReplicaIdentity
+from slotlake.contracts import ReplicaIdentity
 from slotlake.errors import DecodeError, PreflightError
 from slotlake.names import TableName
 

@@ -42,8 +42,8 @@ from slotlake.config import Config, SourceConfig
 from slotlake.errors import ExtractError, PreflightError, SlotLostError
 from slotlake.lsn import Lsn
 from slotlake.source.connection import connect, connect_bulk, resolve_dsn, scrub
+from slotlake.source.copies import publication_start
 from slotlake.source.slot import advance_slot, current_flush_lsn, idle_slot_timeout, lost_slot_message, slot_info
-from slotlake.source.snapshot import publication_start
 
 log = logging.getLogger(__name__)
 

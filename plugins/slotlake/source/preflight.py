@@ -254,7 +254,7 @@ def _ensure_insert_only_publication(conn: psycopg.Connection, cfg: Config, sourc
     publishes them makes PostgreSQL reject them). Returns whether it was created."""
     if not source.insert_only:
         return False
-    from slotlake.source import snapshot
+    from slotlake.source import copies, snapshot
 
     pub = source.insert_only_publication
     root = f"{cfg.lake.rstrip('/')}/{source.name}"
@@ -274,7 +274,7 @@ def _ensure_insert_only_publication(conn: psycopg.Connection, cfg: Config, sourc
             raise PreflightError(f"source {source.name}: publication {pub} (for sources.{source.name}.insert_only) "
                                  "must publish inserts and truncates only, under the partition root's name; "
                                  f"run: {fix}")
-        if snapshot.publication_pending(root, source.slot, pub):
+        if copies.publication_pending(root, source.slot, pub):
             snapshot.record_publication_start(conn, root, source, pub)
         published = _published(conn, pub)
         missing = [t for t in source.insert_only if t not in published]
@@ -284,7 +284,7 @@ def _ensure_insert_only_publication(conn: psycopg.Connection, cfg: Config, sourc
             sql.Identifier(pub), sql.SQL(", ").join(_table_ident(t) for t in missing))
         created = False
     if created and slot_exists:
-        snapshot.mark_publication_pending(root, source.slot, pub)
+        copies.mark_publication_pending(root, source.slot, pub)
     try:
         conn.execute(stmt)
     except psycopg.errors.InsufficientPrivilege as e:

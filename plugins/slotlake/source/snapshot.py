@@ -12,7 +12,7 @@ Two ways to copy (docs/internals.md "Snapshot"):
   halfway): the table is copied under a fresh `pg_current_snapshot()`, taken only after every transaction that
   was running when the table joined the publication has finished (so no transaction can have changes the stream
   misses and the copy does not see). Gold gets the same watermark C - 1 of the generation plus the snapshot, and
-  the merge skips the changes of the transactions that snapshot saw (`slotlake.merge.visibility`).
+  the merge skips the changes of the transactions that snapshot saw (`slotlake.source.visibility`).
 
 Copies read on several connections in parallel (`workers`), each inside `BEGIN ISOLATION LEVEL REPEATABLE READ;
 SET TRANSACTION SNAPSHOT`, through ADBC (COPY binary into Arrow batches, streamed to Parquet: flat memory). A
@@ -34,7 +34,6 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -49,9 +48,7 @@ from psycopg import sql
 from slotlake import bronze, failpoints
 from slotlake.config import Config, SourceConfig
 from slotlake.errors import PreflightError, SlotLostError, SnapshotError
-from slotlake.lake import LakePaths, name_of_segment, path_segment
 from slotlake.lsn import Lsn
-from slotlake.merge.visibility import CopySnapshot
 from slotlake.names import TableName
 from slotlake.source.catalog_read import archive_bootstrap, generated_published, read_table_defs
 from slotlake.source.connection import (
@@ -64,8 +61,20 @@ from slotlake.source.connection import (
     session_dsn,
     table_ident,
 )
+from slotlake.source.copies import (
+    MANIFEST,
+    Generation,
+    TableCopy,
+    complete_copy,
+    copy_dir,
+    current_generation,
+    publication_record,
+    record_generation,
+    table_copies,
+    write_atomic,
+)
 from slotlake.source.ddl import TableDef
-from slotlake.source.slot import PLUGIN, SlotInfo, current_wal_lsn, slot_info
+from slotlake.source.slot import PLUGIN, slot_info
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +83,6 @@ FAILPOINT_AFTER_PARTS = failpoints.SNAPSHOT_AFTER_PARTS
 # The config's `snapshot:` section sets these; the environment overrides it (tests use tiny parts).
 WORKERS_ENV = "SLOTLAKE_SNAPSHOT_WORKERS"
 PART_PAGES_ENV = "SLOTLAKE_SNAPSHOT_PART_PAGES"
-MANIFEST = "manifest.json"
-GENERATIONS = "_generations"
-PUBLICATIONS = "_publications"  # when a publication created after the slot may be read with it
-SNAPSHOT_PROPERTY = "slotlake.snapshot"  # gold table property naming the copy the table was loaded from
 BARRIER_TIMEOUT_S = 600.0
 
 # Types whose cast to text is their output function (I/O conversion or binary-coercible text). Every other type
@@ -86,77 +91,24 @@ BARRIER_TIMEOUT_S = 600.0
 _CAST_IS_OUTPUT = {20, 21, 23, 25, 26, 700, 701, 1700, 1043, 1082, 1083, 1114, 1184, 1186, 1266, 2950, 114, 3802, 17}
 
 
-# ---- records ------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Generation:
-    """One slot's start: the consistent point C every copy of this generation is joined at (watermark C - 1)."""
-
-    slot: str
-    consistent_point: Lsn
-    reason: str  # "new source" | "resync" | "recovered" (slot found without a record)
-    created_at: str
-    # How far the earlier slots' archive reached when this slot was created (`bronze.covered_lsn`); None for the
-    # first slot, or a record written before slotlake kept it. Between it and C nothing was archived.
-    archived_to: Lsn | None = None
-
-    @property
-    def watermark(self) -> Lsn:
-        # A commit record starting exactly at C is streamed, not in the snapshot: applied commits are those < C.
-        return Lsn(int(self.consistent_point) - 1)
+def record_publication_start(conn: psycopg.Connection, lake_root: str, source: SourceConfig,
+                             publication: str, timeout: float = BARRIER_TIMEOUT_S) -> Lsn:
+    """After `publication` was created for an existing slot: wait until every transaction running now has
+    ended, then record the WAL insert position L. Every transaction whose changes began before the publication
+    existed has committed before L, so reading the slot without the publication up to L and with it from there
+    never meets a change pgoutput cannot decode. The tables only this publication carries are new to the source
+    and are copied afterwards (`copy_tables_now`, whose own barrier comes after L), so the changes read without
+    it up to L are in their copy."""
+    _publication_barrier(conn, source, timeout)
+    lsn = Lsn.parse(scalar(conn, "SELECT pg_current_wal_insert_lsn()::text"))
+    write_atomic(publication_record(lake_root, publication),
+                  json.dumps({"publication": publication, "slot": source.slot, "from_lsn": str(lsn)}))
+    log.info("source %s: publication %s was created after slot %s: it is read from %s on", source.name,
+             publication, source.slot, lsn)
+    return lsn
 
 
-@dataclass(frozen=True)
-class TableCopy:
-    """The manifest of one copy of one table (JSON in `manifest.json`)."""
-
-    table: str  # canonical schema.table (str(TableName))
-    copy_id: str  # folder name: hex16 of the LSN the copy joins at (C, or the WAL position at a fresh snapshot)
-    generation: str  # hex16 of the generation's consistent point
-    kind: str  # "exported" (the slot's snapshot) | "current" (own snapshot, filtered by visibility)
-    watermark: Lsn  # gold's watermark after loading this copy
-    snapshot: str  # pg_current_snapshot() text the copy was read under
-    lsn_after: Lsn  # WAL insert position read right after that snapshot was taken
-    replica_identity: str
-    columns: tuple[dict[str, Any], ...]  # name, type_oid, type_name, typmod, is_key, not_null
-    reltuples: int
-    parts_total: int
-    parts: tuple[dict[str, Any], ...] = ()  # {"index", "name", "rows", "bytes"}
-    complete: bool = False
-    started_at: str = ""
-    finished_at: str | None = None
-
-    @property
-    def rows(self) -> int:
-        return sum(p["rows"] for p in self.parts)
-
-    @property
-    def copy_snapshot(self) -> CopySnapshot | None:
-        """The visibility filter the merge needs (None for a copy under the slot's own snapshot)."""
-        return CopySnapshot.parse(self.snapshot, self.lsn_after) if self.kind == "current" else None
-
-    def loaded_in(self, gold_property: Mapping[str, Any] | None) -> bool:
-        """Whether a gold table whose `slotlake.snapshot` property is `gold_property` was loaded from this copy."""
-        return gold_property is not None and bool(gold_property) and (
-            gold_property.get("copy_id"), gold_property.get("generation")) == (self.copy_id, self.generation)
-
-    def to_json(self) -> str:
-        doc = {k: (str(v) if isinstance(v, Lsn) else v) for k, v in self.__dict__.items()}
-        doc["columns"] = list(self.columns)
-        doc["parts"] = list(self.parts)
-        doc["version"] = 1
-        return json.dumps(doc, indent=1)
-
-    @classmethod
-    def from_json(cls, text: str) -> TableCopy:
-        doc = json.loads(text)
-        doc.pop("version", None)
-        doc["watermark"] = Lsn.parse(doc["watermark"])
-        doc["lsn_after"] = Lsn.parse(doc["lsn_after"])
-        doc["columns"] = tuple(doc["columns"])
-        doc["parts"] = tuple(doc["parts"])
-        return cls(**doc)
-
+# ---- results -----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class TableCopyResult:
@@ -189,148 +141,6 @@ class SnapshotReport:
         tables = ", ".join(f"{c.table} {c.rows} rows ({c.kind})" for c in self.copies)
         return (f"snapshot {self.source}: copied {len(self.copies)} table(s), {self.rows} rows, "
                 f"{sum(c.bytes for c in self.copies) / 1e6:.1f} MB Parquet, joined at {self.generation}: {tables}")
-
-
-# ---- lake layout ------------------------------------------------------------------------------------------------
-
-def snapshot_dir(lake_root: str) -> Path:
-    """`<lake>/<source>/bronze/snapshot` (local filesystem, like bronze)."""
-    return bronze.local_dir(LakePaths(lake_root.rstrip("/")).snapshots)
-
-
-def copy_folder(table: str) -> str:
-    """`<schema>.<table>`, each name encoded by `path_segment` (plain names as they are)."""
-    schema, name = TableName.parse(table)
-    return f"{path_segment(schema)}.{path_segment(name)}"
-
-
-def table_of_copy_folder(folder: str) -> str | None:
-    """The canonical table name whose copies live in `folder` (None: not a folder `copy_folder` makes)."""
-    schema, dot, name = folder.partition(".")
-    parts = (name_of_segment(schema), name_of_segment(name)) if dot else (None, None)
-    return str(TableName(parts[0], parts[1])) if parts[0] and parts[1] else None
-
-
-def copy_dir(lake_root: str, table: str, copy_id: str) -> Path:
-    return snapshot_dir(lake_root) / copy_folder(table) / copy_id
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def generations(lake_root: str) -> list[Generation]:
-    """Recorded slot generations, oldest first."""
-    folder = snapshot_dir(lake_root) / GENERATIONS
-    if not folder.is_dir():
-        return []
-    out = []
-    for p in sorted(folder.glob("*.json")):
-        doc = json.loads(p.read_text(encoding="utf-8"))
-        out.append(Generation(slot=doc["slot"], consistent_point=Lsn.parse(doc["consistent_point"]),
-                              reason=doc["reason"], created_at=doc["created_at"],
-                              archived_to=Lsn.parse(doc["archived_to"]) if doc.get("archived_to") else None))
-    return sorted(out, key=lambda g: int(g.consistent_point))
-
-
-def current_generation(lake_root: str) -> Generation | None:
-    gens = generations(lake_root)
-    return gens[-1] if gens else None
-
-
-def _record_generation(lake_root: str, gen: Generation) -> None:
-    path = snapshot_dir(lake_root) / GENERATIONS / f"{gen.consistent_point.hex16}.json"
-    _write_atomic(path, json.dumps({"slot": gen.slot, "consistent_point": str(gen.consistent_point),
-                                    "reason": gen.reason, "created_at": gen.created_at,
-                                    "archived_to": str(gen.archived_to) if gen.archived_to else None}, indent=1))
-
-
-def _publication_record(lake_root: str, publication: str) -> Path:
-    return snapshot_dir(lake_root) / PUBLICATIONS / f"{publication}.json"
-
-
-def publication_start(lake_root: str, slot: str, publication: str) -> Lsn | None:
-    """From which WAL position `slot` may be read with `publication` (None: from anywhere, it predates the slot).
-
-    A publication created after its slot cannot be named when the slot decodes changes from before it: up to
-    PostgreSQL 17 pgoutput stops with 'publication ... does not exist'. The extract reads up to this position
-    without it (`record_publication_start` says why nothing is lost). Raises PreflightError while the record is
-    unfinished (a preflight died while creating the publication; the next preflight finishes it)."""
-    path = _publication_record(lake_root, publication)
-    if not path.is_file():
-        return None
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    if doc["slot"] != slot:
-        return None
-    if doc["from_lsn"] is None:
-        raise PreflightError(f"publication {publication} was being created when a preflight stopped; run "
-                             "`slotlake sync` again (its preflight finishes it)")
-    return Lsn.parse(doc["from_lsn"])
-
-
-def publication_pending(lake_root: str, slot: str, publication: str) -> bool:
-    path = _publication_record(lake_root, publication)
-    if not path.is_file():
-        return False
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    return doc["slot"] == slot and doc["from_lsn"] is None
-
-
-def mark_publication_pending(lake_root: str, slot: str, publication: str) -> None:
-    """Written before a publication is created for an existing slot, so a crash in between is noticed."""
-    _write_atomic(_publication_record(lake_root, publication),
-                  json.dumps({"publication": publication, "slot": slot, "from_lsn": None}))
-
-
-def record_publication_start(conn: psycopg.Connection, lake_root: str, source: SourceConfig,
-                             publication: str, timeout: float = BARRIER_TIMEOUT_S) -> Lsn:
-    """After `publication` was created for an existing slot: wait until every transaction running now has
-    ended, then record the WAL insert position L. Every transaction whose changes began before the publication
-    existed has committed before L, so reading the slot without the publication up to L and with it from there
-    never meets a change pgoutput cannot decode. The tables only this publication carries are new to the source
-    and are copied afterwards (`copy_tables_now`, whose own barrier comes after L), so the changes read without
-    it up to L are in their copy."""
-    _publication_barrier(conn, source, timeout)
-    lsn = Lsn.parse(scalar(conn, "SELECT pg_current_wal_insert_lsn()::text"))
-    _write_atomic(_publication_record(lake_root, publication),
-                  json.dumps({"publication": publication, "slot": source.slot, "from_lsn": str(lsn)}))
-    log.info("source %s: publication %s was created after slot %s: it is read from %s on", source.name,
-             publication, source.slot, lsn)
-    return lsn
-
-
-def table_copies(lake_root: str, table: str) -> list[TableCopy]:
-    """Every copy of `table` with a manifest, oldest first."""
-    folder = snapshot_dir(lake_root) / copy_folder(table)
-    if not folder.is_dir():
-        return []
-    out = []
-    for m in sorted(folder.glob(f"*/{MANIFEST}")):
-        out.append(TableCopy.from_json(m.read_text(encoding="utf-8")))
-    return out
-
-
-def complete_copy(lake_root: str, table: str, generation: Generation) -> TableCopy | None:
-    """The newest complete copy of `table` joined to `generation` (None: the table still needs a copy)."""
-    done = [c for c in table_copies(lake_root, table)
-            if c.complete and c.generation == generation.consistent_point.hex16]
-    return done[-1] if done else None
-
-
-def part_paths(lake_root: str, copy: TableCopy) -> list[str]:
-    folder = copy_dir(lake_root, copy.table, copy.copy_id)
-    return [str(folder / p["name"]) for p in sorted(copy.parts, key=lambda p: p["index"])]
 
 
 # ---- planning -----------------------------------------------------------------------------------------------
@@ -475,7 +285,7 @@ def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], s
         parts = plan_parts(c.table, pages[c.table], part_pages, partitioned=pages[c.table] < 0)
         c = replace(c, parts_total=len(parts))
         copy_dir(lake_root, c.table, c.copy_id).mkdir(parents=True, exist_ok=True)
-        _write_atomic(copy_dir(lake_root, c.table, c.copy_id) / MANIFEST, c.to_json())
+        write_atomic(copy_dir(lake_root, c.table, c.copy_id) / MANIFEST, c.to_json())
         progress[c.table] = _Progress(c, t0)
         todo += parts
     dsn = resolve_dsn(source)
@@ -537,7 +347,7 @@ def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], s
             pr.done.add(part.index)
             if len(pr.done) == pr.copy.parts_total:
                 pr.copy = replace(pr.copy, complete=True, finished_at=_now())
-            _write_atomic(copy_dir(lake_root, table, pr.copy.copy_id) / MANIFEST, pr.copy.to_json())
+            write_atomic(copy_dir(lake_root, table, pr.copy.copy_id) / MANIFEST, pr.copy.to_json())
             recorded += 1
             secs = max(time.monotonic() - pr.started, 1e-9)
             pct = f"{100.0 * pr.rows / pr.copy.reltuples:.0f}% of reltuples" if pr.copy.reltuples > 0 else "n/a"
@@ -652,7 +462,7 @@ def create_slot_with_snapshot(cfg: Config, source: SourceConfig, *, reason: str 
         consistent, snapshot_name = Lsn.parse(row[1]), row[2]
         gen = Generation(slot=source.slot, consistent_point=consistent, reason=reason, created_at=_now(),
                          archived_to=bronze.covered_lsn(root))
-        _record_generation(root, gen)
+        record_generation(root, gen)
         log.info("source %s: created replication slot %s (pgoutput) at consistent point %s with exported snapshot "
                  "%s (%s)", source.name, source.slot, consistent, snapshot_name, reason)
         with connect(source, autocommit=False) as conn:
@@ -736,7 +546,7 @@ def ensure_snapshots(cfg: Config, source: SourceConfig, *, workers: int | None =
         gen = Generation(slot=source.slot, consistent_point=info.confirmed_flush_lsn,  # type: ignore[arg-type]
                          reason="recovered",
                          created_at=_now())
-        _record_generation(root, gen)
+        record_generation(root, gen)
     missing = [t for t in tables if complete_copy(root, t, gen) is None]
     if not missing:
         return SnapshotReport(source=source.name, generation=gen.consistent_point, slot_created=False)
@@ -748,91 +558,4 @@ def ensure_snapshots(cfg: Config, source: SourceConfig, *, workers: int | None =
     report = SnapshotReport(source=source.name, generation=gen.consistent_point, slot_created=False,
                             copies=tuple(results))
     log.info("%s", report.summary())
-    return report
-
-
-def copied_tables(lake_root: str) -> list[str]:
-    """Every table (canonical name) with a copy folder under bronze/snapshot/, sorted."""
-    folder = snapshot_dir(lake_root)
-    if not folder.is_dir():
-        return []
-    names = (table_of_copy_folder(p.name) for p in folder.iterdir()
-             if p.is_dir() and p.name not in (GENERATIONS, PUBLICATIONS))
-    return sorted(n for n in names if n is not None)
-
-
-def load_candidates(lake_root: str, source: SourceConfig) -> list[str]:
-    """The tables whose copies the gold load looks at: the listed ones, else every copied table the source syncs."""
-    return list(source.listed_tables or [t for t in copied_tables(lake_root) if source.syncs(t)])
-
-
-def pending_loads(lake_root: str, tables: list[str]) -> Iterator[TableCopy]:
-    """Complete copies of the current generation (what the gold load reads); tables without one are skipped."""
-    gen = current_generation(lake_root)
-    if gen is None:
-        return
-    for t in tables:
-        c = complete_copy(lake_root, t, gen)
-        if c is not None:
-            yield c
-
-
-# ---- resync -------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ResyncReport:
-    source: str
-    old_slot: SlotInfo | None
-    old_slot_dropped: bool
-    old_bronze_end: Lsn | None
-    snapshot: SnapshotReport
-
-    def lines(self) -> list[str]:
-        old = self.old_slot
-        if old is None:
-            state = "missing (dropped by hand, or never created)"
-        else:
-            state = (f"{old.name} wal_status={old.wal_status} invalidated={old.invalidated or 'no'} "
-                     f"confirmed_flush={old.confirmed_flush_lsn}")
-        out = [f"resync {self.source}: old slot: {state}" + (" (dropped)" if self.old_slot_dropped else ""),
-               (f"  bronze of the old slot ends at {self.old_bronze_end} (kept as history)"
-                if self.old_bronze_end is not None else "  no bronze from the old slot"),
-               f"  new slot at consistent point {self.snapshot.generation}; gold is rebuilt from the copy and "
-               f"changes apply from there"]
-        out += [f"  copied {c.table}: {c.rows} rows in {c.parts} part(s), {c.bytes / 1e6:.1f} MB"
-                for c in self.snapshot.copies]
-        return out
-
-
-def resync(cfg: Config, source: SourceConfig, *, workers: int | None = None,
-           part_pages: int | None = None) -> ResyncReport:
-    """Start the source over from a new slot: drop the old slot if it still exists, create a new one with an
-    exported snapshot and copy every table (a new generation). The gold load (`load_snapshots`) then replaces
-    every gold table in a new Delta version. Old bronze and silver stay as history: the new slot's LSNs are past
-    every old bronze file, and the new watermark skips old silver changes."""
-    root = f"{cfg.lake.rstrip('/')}/{source.name}"
-    archived = bronze.max_archived_end(root)
-    with connect(source) as conn:
-        now = current_wal_lsn(conn)
-        if archived is not None and archived > now:
-            # Only possible when the server's WAL went backwards (restored from a backup): extract's crash
-            # recovery would advance the new slot to the old bronze end and skip real changes.
-            raise SnapshotError(f"resync {source.name}: bronze holds files up to {archived}, past the server's WAL "
-                                f"position {now} (was the server restored from a backup?); move "
-                                f"{bronze.bronze_dir(root)} aside (keep it as history) and run resync again")
-        old = slot_info(conn, source.slot)
-        dropped = False
-        if old is not None:
-            if old.active:
-                raise SnapshotError(f"resync {source.name}: slot {source.slot} is in use by another process "
-                                    "(active); stop the other sync first")
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (source.slot,))
-            dropped = True
-            log.warning("resync %s: dropped slot %s (wal_status=%s, invalidated=%s, confirmed_flush=%s)",
-                        source.name, source.slot, old.wal_status, old.invalidated, old.confirmed_flush_lsn)
-    snap = create_slot_with_snapshot(cfg, source, reason="resync", workers=workers, part_pages=part_pages)
-    report = ResyncReport(source=source.name, old_slot=old, old_slot_dropped=dropped, old_bronze_end=archived,
-                          snapshot=snap)
-    for line in report.lines():
-        log.info("%s", line)
     return report

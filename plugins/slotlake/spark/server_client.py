@@ -1,4 +1,4 @@
-"""The client of the Spark server (`slotlake.spark.server`): `run_on_server` sends one app and streams its log.
+"""The client of the Spark server (`slotlake.spark_apps.server`): `run_on_server` sends one app and streams its log.
 
 Protocol (TCP, one request per connection, JSON lines): the client sends `{"stage": ..., "argv": [...], "code":
 <code_digest>}`; the server answers `{"log": line}` lines while the app runs, then `{"exit": 0, "lines": [...]}` or

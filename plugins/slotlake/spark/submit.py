@@ -27,7 +27,7 @@ from slotlake.spark.session import PACKAGE_DIR, spark_conf
 
 log = logging.getLogger(__name__)
 
-# spark_apps/<stage>.py (slotlake.spark.apps)
+# spark_apps/<stage>.py (slotlake.spark_apps.apps)
 Stage = Literal["decode", "merge", "sync", "snapshot", "replay", "recover"]
 APPS_DIR = PACKAGE_DIR / "spark_apps"  # ships inside the package: an installed slotlake submits its own files
 _TAIL_LINES = 40

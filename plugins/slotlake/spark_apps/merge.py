@@ -1,4 +1,4 @@
-"""Spark app `merge` (see slotlake.spark.apps for what each app does).
+"""Spark app `merge` (see slotlake.spark_apps.apps for what each app does).
 
     spark-submit slotlake/spark_apps/merge.py --config F --source S [--tables public.orders,public.items]
 
@@ -11,6 +11,6 @@ if __name__ == "__main__":
     # spark-submit runs this file as a script: put the folder holding the slotlake package first on the path
     # (plugins/ in a checkout, site-packages when installed), so `slotlake` is this file's own package.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from slotlake.spark.apps import main
+    from slotlake.spark_apps.apps import main
 
     sys.exit(main("merge"))

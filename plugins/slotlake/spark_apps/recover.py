@@ -1,4 +1,4 @@
-"""Spark app `recover` (see slotlake.spark.apps for what each app does).
+"""Spark app `recover` (see slotlake.spark_apps.apps for what each app does).
 
     spark-submit slotlake/spark_apps/recover.py --config F --source S --as-of P --tables a.b,c.d
         (--to-delta PATH | --to-postgres CONNINFO) [--into-schema S] [--replace] [--result FILE]
@@ -12,6 +12,6 @@ if __name__ == "__main__":
     # spark-submit runs this file as a script: put the folder holding the slotlake package first on the path
     # (plugins/ in a checkout, site-packages when installed), so `slotlake` is this file's own package.
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from slotlake.spark.apps import main
+    from slotlake.spark_apps.apps import main
 
     sys.exit(main("recover"))

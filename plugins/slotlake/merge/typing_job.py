@@ -1,7 +1,7 @@
 """Typing a batch of silver changes for gold, and the `_quarantine` table for values gold's types cannot hold.
 
-Used by the merge (`merge_job`) and by the load of initial copies (`snapshot_job`), which type their rows with the
-same code (`decode/types.py`, `spark/typed_values.py`).
+Used by the merge (`merge.job`) and by the load of initial copies (`snapshot_job`), which type their rows with the
+same code (`decode/types.py`, `merge/typed_values.py`).
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import KeyStrategy, TablePlan
+from slotlake.merge.typed_values import typed_value
 from slotlake.names import spark_ident as _q
 from slotlake.spark.schemas import struct_type
-from slotlake.spark.typed_values import typed_value
 
 log = logging.getLogger(__name__)
 

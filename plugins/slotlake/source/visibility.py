@@ -16,7 +16,7 @@ after the snapshot was taken. A transaction the snapshot saw wrote its commit re
 with `commit_lsn >= lsn_after` is applied without looking at its xid; only transactions committed before the copy
 (a short window of xids near the snapshot) go through the xid test.
 
-The same rule as a Spark predicate, for the merge: `slotlake.spark.visibility.not_seen_by_copy`.
+The same rule as a Spark predicate, for the merge: `slotlake.merge.visibility_job.not_seen_by_copy`.
 """
 from __future__ import annotations
 

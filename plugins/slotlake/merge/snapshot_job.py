@@ -3,7 +3,7 @@
 Each load creates or replaces `gold/<schema>/<table>` (a replace is a new Delta version: earlier versions stay
 for time travel) in ONE commit carrying `userMetadata = {"slotlake": {"end_lsn": <generation C - 1>, "stage":
 "snapshot"}}`, so the merge then applies exactly the changes with commit_lsn >= C. Values are typed by the same
-code as the merge (`typed_changes`: `spark/typed_values.py`), values the gold type cannot hold go to `_quarantine` the
+code as the merge (`typed_changes`: `merge/typed_values.py`), values the gold type cannot hold go to `_quarantine` the
 same way, and the gold schema is the merge's (`TablePlan.gold_schema`). REPLICA IDENTITY FULL rows get
 `_slotlake_dup` 1..n among identical rows. `_slotlake_lsn` of a copied row is the watermark (the row was written
 by a transaction committed before C); `_slotlake_commit_ts` is NULL (unknown).
@@ -40,12 +40,12 @@ from slotlake.merge.plan import (
     plan_table,
     stage_metadata,
 )
-from slotlake.merge.visibility import CopySnapshot
+from slotlake.merge.typing_job import ensure_quarantine, quarantine_bad_values, typed_changes
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
-from slotlake.source.snapshot import SNAPSHOT_PROPERTY, TableCopy, load_candidates, part_paths, pending_loads
+from slotlake.source.copies import SNAPSHOT_PROPERTY, TableCopy, load_candidates, part_paths, pending_loads
+from slotlake.source.visibility import CopySnapshot
 from slotlake.spark.schemas import struct_of
-from slotlake.spark.typing_job import ensure_quarantine, quarantine_bad_values, typed_changes
 
 log = logging.getLogger(__name__)
 

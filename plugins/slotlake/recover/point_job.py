@@ -4,7 +4,7 @@
     a table whose history table covers L (history_from <= L <= its watermark): its versions valid at L
     the others: replay --dest scratch, from = to = L: gold as of the nearest recorded end <= L (time travel)
     + the archived changes after it up to L, re-decoded with the historical catalog
-      (slotlake.spark.replay_job.run_replay)
+      (slotlake.recover.replay_job.run_replay)
     scratch table ──project onto the `_catalog` columns at L──▶ DEST/<schema>/<table> (Delta)
                                                           └──▶ COPY into <into-schema>.<table> (PostgreSQL)
 The projection leaves out columns the source had dropped by L (gold keeps them, NULL from then on) so the result
@@ -21,8 +21,10 @@ from slotlake.bronze import covered_lsn, list_bronze, max_archived_end
 from slotlake.catalog import CatalogVersion, read_catalog
 from slotlake.config import Config
 from slotlake.contracts import STAGE_RECOVER, CommitMeta
+from slotlake.decode.job import decode_watermark
 from slotlake.lake import LakePaths, table_dir
 from slotlake.lsn import Lsn
+from slotlake.merge.history_job import history_as_of, history_coverage
 from slotlake.merge.plan import COLUMN_MAPPING, needs_column_mapping
 from slotlake.names import TableName, spark_ident
 from slotlake.recover.point import (
@@ -35,10 +37,8 @@ from slotlake.recover.point import (
     gap_error,
     version_at,
 )
-from slotlake.replay import ReplayRequest, format_point
-from slotlake.spark.decode_job import decode_watermark
-from slotlake.spark.history_job import history_as_of, history_coverage
-from slotlake.spark.replay_job import _delete_path, run_replay
+from slotlake.recover.replay import ReplayRequest, format_point
+from slotlake.recover.replay_job import _delete_path, run_replay
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def run_recover(spark, cfg: Config, req: RecoverRequest, password: str | None = 
 def _refuse_unarchived(paths: LakePaths, source: str, point: Point) -> None:
     """RecoverError when an LSN `point` lies in WAL a resync left unarchived (`ArchiveGap`). A time cannot be placed
     inside WAL the lake never read: it resolves to the last archived commit at or before it (README, resync)."""
-    from slotlake.source.snapshot import generations
+    from slotlake.source.copies import generations
 
     if not isinstance(point, Lsn):
         return
@@ -162,7 +162,7 @@ def _at_point(df, version: CatalogVersion | None):
     the catalog has but gold never got (added with no change since) is NULL."""
     from pyspark.sql import functions as F
 
-    from slotlake.spark.typed_values import spark_type
+    from slotlake.merge.typed_values import spark_type
 
     if version is None:
         return df

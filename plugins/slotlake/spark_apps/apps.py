@@ -4,12 +4,12 @@ Every app takes `--config F --source S` (plus its own arguments), loads the conf
 SparkSession, runs one job function, prints its summary, and turns a SlotlakeError into one line on stderr and
 exit code 1 (`slotlake.spark.submit.failure_line` picks that line out of the app's output).
 
-    decode    bronze -> silver/changes + _catalog + _ddl_log         (slotlake.spark.decode_job.run_decode)
-    merge     silver/changes -> gold, by replica identity            (slotlake.spark.merge_job.run_merge)
+    decode    bronze -> silver/changes + _catalog + _ddl_log         (slotlake.decode.job.run_decode)
+    merge     silver/changes -> gold, by replica identity            (slotlake.merge.job.run_merge)
     sync      decode then merge in ONE Spark application (the CLI's `slotlake sync`: one JVM start, not two)
-    snapshot  complete initial copies in bronze/snapshot -> gold     (slotlake.spark.snapshot_job.load_snapshots)
-    replay    re-decode an archived range and rebuild tables         (slotlake.spark.replay_job.run_replay)
-    recover   tables as of one commit LSN into Delta or PostgreSQL   (slotlake.spark.recover_job.run_recover)
+    snapshot  complete initial copies in bronze/snapshot -> gold     (slotlake.merge.snapshot_job.load_snapshots)
+    replay    re-decode an archived range and rebuild tables         (slotlake.recover.replay_job.run_replay)
+    recover   tables as of one commit LSN into Delta or PostgreSQL   (slotlake.recover.point_job.run_recover)
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def _replay_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _decode(spark, cfg, args) -> list[str]:
-    from slotlake.spark.decode_job import run_decode
+    from slotlake.decode.job import run_decode
 
     r = run_decode(spark, cfg, args.source)
     return ([f"decoded {r.files_decoded} bronze files, {r.changes_written} changes, {r.catalog_versions_added} new "
@@ -55,8 +55,8 @@ def _decode(spark, cfg, args) -> list[str]:
 
 
 def _merge(spark, cfg, args) -> list[str]:
+    from slotlake.merge.job import run_merge
     from slotlake.merge.plan import parse_tables
-    from slotlake.spark.merge_job import run_merge
 
     return [run_merge(spark, cfg, args.source, parse_tables(getattr(args, "tables", ""))).summary()]
 
@@ -66,8 +66,8 @@ def _sync(spark, cfg, args) -> list[str]:
 
 
 def _snapshot(spark, cfg, args) -> list[str]:
+    from slotlake.merge.snapshot_job import load_snapshots
     from slotlake.names import TableName
-    from slotlake.spark.snapshot_job import load_snapshots
 
     tables = [str(t) for t in TableName.parse_list(args.tables)] or None
     done = [x for x in load_snapshots(spark, cfg, args.source, tables) if x.gold_version is not None]
@@ -77,8 +77,8 @@ def _snapshot(spark, cfg, args) -> list[str]:
 
 def _replay(spark, cfg, args) -> list[str]:
     from slotlake.names import TableName
-    from slotlake.replay import request
-    from slotlake.spark.replay_job import run_replay
+    from slotlake.recover.replay import request
+    from slotlake.recover.replay_job import run_replay
 
     tables = [str(t) for t in TableName.parse_list(args.tables)] or None
     result = run_replay(spark, cfg, request(args.source, args.from_, args.to, tables, args.dest or None))
@@ -103,8 +103,8 @@ def _recover(spark, cfg, args) -> list[str]:
 
     from slotlake.names import TableName
     from slotlake.recover.point import DEFAULT_INTO_SCHEMA, RecoverRequest
-    from slotlake.replay import parse_point
-    from slotlake.spark.recover_job import run_recover
+    from slotlake.recover.point_job import run_recover
+    from slotlake.recover.replay import parse_point
 
     req = RecoverRequest(source=args.source, as_of=parse_point(args.as_of, "--as-of"),
                          tables=TableName.parse_list(args.tables), to_delta=args.to_delta,

@@ -1,10 +1,10 @@
-"""The copy seam as a Spark predicate: the rule of `slotlake.merge.visibility.seen_by_copy`, on columns."""
+"""The copy seam as a Spark predicate: the rule of `slotlake.source.visibility.seen_by_copy`, on columns."""
 from __future__ import annotations
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from slotlake.merge.visibility import XID_HALF, XID_MOD, CopySnapshot, xid32
+from slotlake.source.visibility import XID_HALF, XID_MOD, CopySnapshot, xid32
 
 
 def not_seen_by_copy(snap: CopySnapshot, xid: str = "xid", commit_lsn: str = "commit_lsn") -> Column:

@@ -1,4 +1,4 @@
-"""The replay Spark work (see slotlake.replay for the semantics): resolve X/Y, re-decode, rebuild.
+"""The replay Spark work (see slotlake.recover.replay for the semantics): resolve X/Y, re-decode, rebuild.
 
     X, Y ──(timestamps: last silver commit before them)──▶ LSNs
     per table: base R = greatest recorded end LSN <= X (`_runs`, and the gold table's own slotlake commits)
@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from slotlake.bronze import covered_lsn, max_archived_end
 from slotlake.config import Config
 from slotlake.contracts import STAGE_MERGE, CommitMeta
+from slotlake.decode.job import decode_range, decode_watermark
 from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths, table_dir
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import COLUMN_MAPPING, needs_column_mapping, watermark_of
 from slotlake.names import TableName
-from slotlake.replay import Point, ReplayRequest, format_point
-from slotlake.spark.decode_job import decode_range, decode_watermark
+from slotlake.recover.replay import Point, ReplayRequest, format_point
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def _tables(spark, cfg: Config, req: ReplayRequest, scratch_changes: str, runs_p
 def _build(spark, cfg: Config, source: str, schema: str, table: str, base: tuple[Lsn, int] | None, gold: str,
            target: str, silver: str, end: Lsn) -> None:
     """`target` := gold as of `base` (time travel; nothing when None) + the changes of `silver` up to `end`."""
-    from slotlake.spark.merge_job import run_merge
+    from slotlake.merge.job import run_merge
 
     _delete_path(spark, target)  # a new table: no data and no idempotent-write ids of an earlier run
     if base is not None:
@@ -162,7 +162,7 @@ def _build(spark, cfg: Config, source: str, schema: str, table: str, base: tuple
 
 
 def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
-    """Replay `req` (see slotlake.replay). Raises ReplayError when the range is not archived/decoded."""
+    """Replay `req` (see slotlake.recover.replay). Raises ReplayError when the range is not archived/decoded."""
     from delta.tables import DeltaTable
 
     started = time.monotonic()
@@ -227,7 +227,7 @@ def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
 
 
 def _empty_changes(spark, path: str) -> str:
-    from slotlake.spark.decode_job import SILVER_DDL
+    from slotlake.decode.job import SILVER_DDL
 
     spark.createDataFrame([], SILVER_DDL).write.format("delta").mode("overwrite").save(path)
     return path
@@ -237,7 +237,7 @@ def _replace_silver(spark, scratch_changes: str, changes: str, after: Lsn | None
                     req: ReplayRequest, frm: Lsn) -> None:
     """Silver's rows with after < commit_end_lsn, commit_lsn <= to := the re-decoded ones, in one commit; the watermark
     stays."""
-    from slotlake.spark.decode_job import SILVER_COLUMNS
+    from slotlake.decode.job import SILVER_COLUMNS
 
     cond = f"commit_lsn <= {int(to)}" + (f" AND commit_end_lsn > {int(after)}" if after is not None else "")
     (spark.read.format("delta").load(scratch_changes).select(*SILVER_COLUMNS)

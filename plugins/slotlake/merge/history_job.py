@@ -6,8 +6,8 @@ history started from). The merge calls `write_history` for a table right before 
 
     history absent, or behind gold (history was off for a while) ──▶ (re)start from gold's live rows, one commit
         with `history_from` = gold's watermark W (valid_from = the row's `_slotlake_lsn`; before W nothing is known)
-    the batch's changes with commit_end_lsn > history's watermark, typed like gold's (merge_job._typed_layouts)
-        keyed: merge_job.keyed_states (TOAST filled along the key lineage, seeded by history's open rows)
+    the batch's changes with commit_end_lsn > history's watermark, typed like gold's (evolve_job.typed_layouts)
+        keyed: lineage.keyed_states (TOAST filled along the key lineage, seeded by history's open rows)
         FULL:  each copy (`_slotlake_dup`, numbered as gold) is a version; a delete closes the top copy
         NOTHING / keyless appends: inserts only
     ──▶ ONE Delta MERGE: close the open rows the batch ends (a change on their key, or a TRUNCATE), insert the
@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class HistoryBatch:
-    """What the merge of one table hands the history write (see merge_job._merge_table)."""
+    """What the merge of one table hands the history write (see merge.job._merge_table)."""
 
     src: SourceConfig
     paths: LakePaths
@@ -78,7 +78,7 @@ class HistoryBatch:
     batch: DataFrame  # the table's silver rows with commit_end_lsn > gold's watermark, commit_lsn <= end
     plan: TablePlan | None  # None: the batch holds only TRUNCATEs
     evo: Evolution | None
-    layouts: Sequence[Any]  # merge_job.Layout
+    layouts: Sequence[Any]  # evolve_job.Layout
     gold: str
     gold_mark: Lsn | None
 
@@ -142,8 +142,8 @@ def write_history(session: SparkSession, hb: HistoryBatch) -> None:
     """Bring `gold_history/<schema>/<table>` to the run's end, right before the table's gold commit."""
     from delta.tables import DeltaTable
 
-    from slotlake.spark.evolve_job import evolve_gold as _evolve_gold
-    from slotlake.spark.watermarks import delta_state
+    from slotlake.merge.evolve_job import evolve_gold as _evolve_gold
+    from slotlake.merge.watermarks import delta_state
 
     name = str(TableName(hb.schema, hb.table))
     path = hb.paths.gold_history(hb.schema, hb.table)
@@ -252,8 +252,8 @@ def _events(plan: TablePlan, hb: HistoryBatch, changes: DataFrame, open_rows: Da
     """One row per version opened (`__kind` open, values `__v{i}`) or ended (`close`) by a change, with `__key`
     (the row's identity: the key; for FULL the whole row and its copy number; for inserts-only the change),
     `__id` = (commit_lsn, seq), `__sub` (a change ends its old version before it opens the new one)."""
-    from slotlake.spark.evolve_job import typed_layouts as _typed_layouts
-    from slotlake.spark.lineage import keyed_states
+    from slotlake.merge.evolve_job import typed_layouts as _typed_layouts
+    from slotlake.merge.lineage import keyed_states
 
     ncols = len(plan.shape.columns)
     def numeric(column: str) -> str:

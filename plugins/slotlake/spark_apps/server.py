@@ -4,7 +4,7 @@ A spark-submit pays a JVM start, the loading of Spark's and Delta's classes and 
 9 s before the first Spark job of a sync, and the first Delta operations of a JVM run several times slower than
 the same ones later (bench/README.md "Spark server"). With `spark.server: host:port` in the config, the CLI and
 the sync DAG send each app (decode, merge, sync, snapshot, replay) to a server that keeps one SparkSession warm,
-and stream its log lines back. Nothing else changes: the same `slotlake.spark.apps` function runs with the same
+and stream its log lines back. Nothing else changes: the same `slotlake.spark_apps.apps` function runs with the same
 arguments, the same Delta commits make it exactly-once, and the caller still holds the source's run lock.
 
 Protocol (TCP, one request per connection, JSON lines): the client sends
@@ -112,7 +112,7 @@ class _Handler(socketserver.StreamRequestHandler):
 def run_request(spark, stage: str, argv: list[str], sock: socket.socket) -> dict[str, Any]:
     """Run one app in `spark`, streaming its log records to `sock`; the final message for the client."""
     from slotlake.config import load_config
-    from slotlake.spark.apps import APPS, parse_app_args
+    from slotlake.spark_apps.apps import APPS, parse_app_args
 
     sender = _LineSender(sock, spark)
     root = logging.getLogger()

@@ -5,7 +5,7 @@
 X and Y are LSNs (`16/B374D848`) or ISO timestamps (UTC when they carry no zone). A timestamp T stands for the
 last commit before it: the greatest silver `commit_lsn` whose `commit_ts < T`, so `--from A --to B` covers the
 commits with `A <= commit_ts < B` (an Airflow data interval). The work runs in the Spark app
-`spark_apps/replay.py` (`slotlake.spark.replay_job.run_replay`); this module parses the points and submits it,
+`spark_apps/replay.py` (`slotlake.recover.replay_job.run_replay`); this module parses the points and submits it,
 the same way from the CLI and (with templated arguments) from the `slotlake_replay__<source>` DAG.
 
 - `--dest PATH`: `<PATH>/<schema>/<table>` becomes a new Delta table holding the table's state at Y: gold as of

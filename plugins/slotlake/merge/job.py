@@ -35,10 +35,25 @@ from pyspark.sql.types import (
 from slotlake import contracts, delta_log, failpoints
 from slotlake.catalog import CatalogVersion
 from slotlake.config import Config, SourceConfig
+from slotlake.contracts import STAGE_RUNS as RUNS_STAGE
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
+from slotlake.merge import lineage
 from slotlake.merge.evolution import Evolution, plan_evolution
+from slotlake.merge.evolve_job import (
+    TableDefinitions,
+    change_id,
+    evolve_gold,
+    gold_at_watermark,
+    layouts_of,
+    shape_col,
+    sorted_fields,
+    table_definitions,
+    typed_layouts,
+    unified_plan,
+    with_types,
+)
 from slotlake.merge.plan import (
     COLUMN_MAPPING,
     COMMIT_TS_COL,
@@ -55,29 +70,14 @@ from slotlake.merge.plan import (
     schema_mismatch,
     stage_metadata,
 )
-from slotlake.merge.visibility import CopySnapshot
+from slotlake.merge.typing_job import ensure_quarantine, ensure_table, quarantine_bad_values
+from slotlake.merge.visibility_job import not_seen_by_copy
+from slotlake.merge.watermarks import delta_state
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
-from slotlake.pending import RUNS_STAGE
-from slotlake.spark import lineage
-from slotlake.spark.evolve_job import (
-    TableDefinitions,
-    change_id,
-    evolve_gold,
-    gold_at_watermark,
-    layouts_of,
-    shape_col,
-    sorted_fields,
-    table_definitions,
-    typed_layouts,
-    unified_plan,
-    with_types,
-)
+from slotlake.source.visibility import CopySnapshot
 from slotlake.spark.schemas import fields_of, struct_of
 from slotlake.spark.session import error_summary
-from slotlake.spark.typing_job import ensure_quarantine, ensure_table, quarantine_bad_values
-from slotlake.spark.visibility import not_seen_by_copy
-from slotlake.spark.watermarks import delta_state
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,7 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
     if gold_path_for is None:
         # Live gold only: initial copies complete but not in gold yet are loaded first, so changes apply on top of
         # them. A replay or an undo (gold_path_for) writes other tables and leaves live gold alone.
-        from slotlake.spark.snapshot_job import load_snapshots
+        from slotlake.merge.snapshot_job import load_snapshots
 
         load_snapshots(spark, cfg, source)
     changes_path = silver_path or paths.changes
@@ -344,7 +344,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
                 unapplied = typed.where(F.col("op").isin("U", "D")).count()
                 source_df = typed.where(F.col("op") == "I").select(*lineage.value_cols(plan), *lineage.meta_cols())
         if src.keeps_history(name) and gold == paths.gold(schema, table):  # not a replay's own gold paths
-            from slotlake.spark.history_job import HistoryBatch, write_history
+            from slotlake.merge.history_job import HistoryBatch, write_history
 
             write_history(session, HistoryBatch(src, paths, schema, table, end, batch, plan, evo, layouts, gold,
                                                 mark))
@@ -381,7 +381,7 @@ def _dropped_tables(spark: SparkSession, paths: LakePaths, end: Lsn) -> tuple[st
 
 
 def _copy_snapshot(session: SparkSession, gold: str) -> CopySnapshot | None:
-    from slotlake.spark.snapshot_job import gold_copy_snapshot  # imported late: snapshot_job imports this module
+    from slotlake.merge.snapshot_job import gold_copy_snapshot  # imported late: snapshot_job imports this module
 
     return gold_copy_snapshot(session, gold)
 

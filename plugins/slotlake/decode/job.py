@@ -24,12 +24,11 @@ from slotlake.catalog import (
     apply_definitions,
     drop_definition,
     read_catalog,
-    relation_definition,
     table_def_definition,
     write_catalog,
 )
 from slotlake.config import Config
-from slotlake.contracts import STAGE_DDL_LOG, STAGE_DECODE, CommitMeta
+from slotlake.contracts import STAGE_DDL_LOG, STAGE_DECODE, CommitMeta, ReplicaIdentity
 from slotlake.decode.commit_ends import CommitEnds, InFileOrder
 from slotlake.decode.decoded import (
     KIND_CHANGE,
@@ -38,7 +37,8 @@ from slotlake.decode.decoded import (
     KIND_RELATION,
     KIND_TYPE,
 )
-from slotlake.decode.messages import Column, Relation, ReplicaIdentity
+from slotlake.decode.messages import Column, Relation
+from slotlake.decode.relations import relation_definition
 from slotlake.decode.vector import BatchDecoder
 from slotlake.errors import DecodeError
 from slotlake.lake import LakePaths
@@ -295,7 +295,7 @@ def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, 
         decoded = _decode_files(spark, todo)
         cond = F.col("commit_lsn") <= int(upto)
         if after is not None:
-            cond = cond & (F.col("commit_end_lsn") > int(after))  # `after` is an end position (see merge_job)
+            cond = cond & (F.col("commit_end_lsn") > int(after))  # `after` is an end position (see merge/job.py)
         changes = _by_table(_silver_rows(decoded).where(cond))
     else:
         decoded, changes = None, spark.createDataFrame([], SILVER_DDL)

@@ -1,5 +1,5 @@
 """The MERGE source of a batch: keyed tables by row lineage (key changes, unchanged TOAST filled along the
-lineage), FULL tables as multisets of copies (`_slotlake_dup`); see merge_job's module text.
+lineage), FULL tables as multisets of copies (`_slotlake_dup`); see merge/job.py's module text.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def meta_cols() -> list[Column]:
 def keyed_states(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -> DataFrame:
     """Every change of a keyed batch with the row state it leaves (`__f{i}`: struct(v), unchanged TOAST filled
     along the row's lineage, seeded by `target`'s row), its old/new key (`__ok`/`__nk`), `__id`, `op`,
-    `commit_lsn`, `commit_ts`: the per-change view the history table is built from (spark/history_job.py)."""
+    `commit_lsn`, `commit_ts`: the per-change view the history table is built from (merge/history_job.py)."""
     return keyed_source(plan, typed, target, filled_only=True)
 
 

@@ -26,9 +26,9 @@ from slotlake.merge.plan import (
     needs_column_mapping,
     plan_table,
 )
+from slotlake.merge.typed_values import typed_value
 from slotlake.names import spark_ident as _q
 from slotlake.spark.schemas import spark_type
-from slotlake.spark.typed_values import typed_value
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +109,9 @@ class TableDefinitions:
 def table_definitions(session: SparkSession, paths: LakePaths, end: Lsn) -> TableDefinitions:
     from delta.tables import DeltaTable
 
+    from slotlake.decode.job import ddl_log_path
     from slotlake.source.catalog_read import as_published, list_bootstrap
     from slotlake.source.ddl import parse_ddl_event
-    from slotlake.spark.decode_job import ddl_log_path
 
     boots = list_bootstrap(paths.root)
     definitions = [(b.lsn.value, t) for b in boots for t in b.tables]
