@@ -1,9 +1,13 @@
 """Shared fixtures: a real PostgreSQL server per test session, a fresh database per test."""
 from __future__ import annotations
 
+import atexit
+import faulthandler
 import logging
 import os
+import signal
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -37,6 +41,48 @@ class PgServers:
     def stop(self) -> None:
         for server in self._started.values():
             server.stop()
+
+
+# ---- a crashed xdist worker says why: its fatal signals, SIGTERM and last steps land in a file the controller reads -
+# xdist reports only "worker 'gwN' crashed while running X"; the worker's own stderr scrolls away in CI's output.
+# Each worker writes faulthandler's stacks (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL, and SIGTERM, chained to its
+# default action) and one line per finished test and at a normal exit into `<dir>/<gwN>.log`; the controller adds
+# that file to the crash report, so the failure summary itself shows how the worker ended.
+CRASH_DIR_ENV = "SLOTLAKE_TEST_CRASH_DIR"
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's faulthandler plugin, which points faulthandler at stderr
+def pytest_configure(config):
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker is None:
+        os.environ.setdefault(CRASH_DIR_ENV, tempfile.mkdtemp(prefix="slotlake-workers-"))
+        return
+    crash_dir = os.environ.get(CRASH_DIR_ENV)
+    if not crash_dir:
+        return
+    log = open(Path(crash_dir) / f"{worker}.log", "a", buffering=1)  # noqa: SIM115 (open for the process's life)
+    _WORKER_LOG.append(log)
+    log.write(f"{time.strftime('%H:%M:%S')} worker {worker} pid {os.getpid()} started\n")
+    faulthandler.enable(file=log, all_threads=True)
+    faulthandler.register(signal.SIGTERM, file=log, all_threads=True, chain=True)
+    atexit.register(lambda: log.closed or log.write(f"{time.strftime('%H:%M:%S')} normal interpreter exit\n"))
+
+
+_WORKER_LOG: list = []  # this worker's log file (xdist workers only)
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    for log in _WORKER_LOG:
+        log.write(f"{time.strftime('%H:%M:%S')} finished {nodeid}\n")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    crash_dir = os.environ.get(CRASH_DIR_ENV)
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    path = Path(crash_dir, f"{worker.id}.log") if crash_dir and worker is not None else None
+    text = path.read_text(errors="replace")[-6000:] if path is not None and path.exists() else "(no worker log)"
+    report.longrepr = f"{report.longrepr}\n--- what worker {getattr(worker, 'id', '?')} recorded ---\n{text}"
 
 
 def pg_test_majors() -> list[int]:

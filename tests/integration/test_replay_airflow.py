@@ -73,6 +73,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _kill_sessions(sessions: set[int]) -> None:
+    """SIGKILL whatever is left in these sessions (a task's process that outlived the scheduler that started it)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            session = int(stat.read_text().rsplit(")", 1)[1].split()[3])  # fields after "(comm)": state ppid pgrp sid
+        except (OSError, IndexError, ValueError):
+            continue
+        if session in sessions:
+            try:
+                os.kill(int(stat.parent.name), 9)
+            except ProcessLookupError:
+                pass
+
+
 def _runs(env: dict[str, str]) -> list[dict]:
     out = run_airflow(env, "dags", "list-runs", DAG_ID, "-o", "json", check=False).stdout
     for line in reversed(out.splitlines()):  # log lines (also starting with "[") may precede the JSON
@@ -149,6 +163,7 @@ def test_backfill_through_airflow_rebuilds_each_interval(spark, pg_db, tmp_path)
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, 9)
                 p.wait()
+        _kill_sessions({p.pid for p in procs})
         log.close()
     assert sorted((r["logical_date"][:16], r["state"]) for r in backfill) == [
         ((b0 + timedelta(minutes=i)).isoformat()[:16], "success") for i in range(3)], (home / "processes.log")
