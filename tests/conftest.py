@@ -66,6 +66,23 @@ def pytest_configure(config):
     faulthandler.enable(file=log, all_threads=True)
     faulthandler.register(signal.SIGTERM, file=log, all_threads=True, chain=True)
     atexit.register(lambda: log.closed or log.write(f"{time.strftime('%H:%M:%S')} normal interpreter exit\n"))
+    _log_os_exit(log)
+
+
+def _log_os_exit(log) -> None:
+    """`os._exit` in the worker itself (a failpoint leaking into the test process, a plugin giving up) skips atexit
+    and every signal handler: record who called it and every thread's stack before the process goes."""
+    real_exit, worker_pid = os._exit, os.getpid()
+
+    def logged_exit(code: int) -> None:
+        if os.getpid() == worker_pid and not log.closed:  # a forked child's own exit is not the worker's
+            log.write(f"{time.strftime('%H:%M:%S')} os._exit({code}) called; stacks:\n")
+            log.flush()
+            faulthandler.dump_traceback(file=log, all_threads=True)
+            log.flush()
+        real_exit(code)
+
+    os._exit = logged_exit
 
 
 _WORKER_LOG: list = []  # this worker's log file (xdist workers only)

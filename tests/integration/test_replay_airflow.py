@@ -95,6 +95,9 @@ def _runs(env: dict[str, str]) -> list[dict]:
     return []
 
 
+# The backfill's own deadline (below) comes first and says which runs are missing; the test's whole timeout
+# (pyproject's 1800 s) would also count the minute-boundary waits, the initial sync and the readers' check.
+@pytest.mark.timeout(2700)
 def test_backfill_through_airflow_rebuilds_each_interval(spark, pg_db, tmp_path):
     cfg_path = tmp_path / "slotlake.yaml"
     today = datetime.now(UTC).strftime("%Y-%m-%d")
