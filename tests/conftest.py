@@ -161,6 +161,45 @@ def pg_db(pg_db_server):
 
 
 @pytest.fixture(scope="session")
+def warm_spark_server(tmp_path_factory):
+    """This worker's `slotlake spark-server` (a real one: the CLI's `spark-server` command on a free port), started
+    when a `warm_spark` test first needs it. Its address, for `SLOTLAKE_SPARK_SERVER`."""
+    import json
+
+    from sparkserver import free_port, spark_server
+
+    home = tmp_path_factory.mktemp("warm-spark-server")
+    address = f"127.0.0.1:{free_port()}"
+    config = home / "server.yaml"
+    config.write_text(json.dumps({
+        "lake": str(home / "lake"),
+        "spark": {"master": "local[2]", "server": address,
+                  "conf": {"spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"}},
+        "sources": {"none": {"dsn": "postgresql://unused@127.0.0.1:1/unused"}}}))
+    with spark_server(config, home / "server.log"):
+        yield address
+
+
+@pytest.fixture(autouse=True)
+def _warm_spark(request):
+    """`@pytest.mark.warm_spark`: every slotlake process the test starts (CLI syncs, `airflow dags test` tasks)
+    finds `SLOTLAKE_SPARK_SERVER` in its environment and runs its Spark apps in this worker's long-lived server
+    instead of a spark-submit each: the same app functions, without a JVM start and cold JIT per run (the
+    production path of `spark.server`). Tests about spark-submit itself, failpoints inside a Spark app (the server
+    does not see the client's environment) or a server of their own are not marked."""
+    if request.node.get_closest_marker("warm_spark") is None:
+        yield
+        return
+    address = request.getfixturevalue("warm_spark_server")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SLOTLAKE_SPARK_SERVER", address)
+    try:
+        yield
+    finally:
+        mp.undo()
+
+
+@pytest.fixture(scope="session")
 def spark():
     """One Spark session (one JVM) for the whole pytest session, for tests that use Spark in-process.
 

@@ -30,6 +30,9 @@ from slotlake.errors import ConfigError
 from slotlake.names import TableName
 
 ENV_VAR = "SLOTLAKE_CONFIG"
+# The Spark server for every config that names none (`spark.server` wins): one setting in the environment of the
+# Airflow workers or a shell points all of them at the deployment's `slotlake spark-server`.
+SPARK_SERVER_ENV = "SLOTLAKE_SPARK_SERVER"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
 _IDENT = re.compile(r'^[A-Za-z_][A-Za-z0-9_$]*$')
 INSERT_ONLY_SUFFIX = "_insert_only"
@@ -434,6 +437,11 @@ def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = No
         if host_port(server) is None:
             raise ConfigError(f"spark.server: {server!r} is not host:port; set it to the address `slotlake "
                               "spark-server` listens on (e.g. 127.0.0.1:7079), or remove it to use spark-submit")
+    elif os.environ.get(SPARK_SERVER_ENV, "").strip():
+        server = os.environ[SPARK_SERVER_ENV].strip()
+        if host_port(server) is None:
+            raise ConfigError(f"{SPARK_SERVER_ENV}: {server!r} is not host:port; set it to the address `slotlake "
+                              f"spark-server` listens on (e.g. 127.0.0.1:7079), or unset it to use spark-submit")
     spark = SparkSettings(master=master, conf={str(k): str(v) for k, v in conf.items()},
                           conn_id=spark_raw.get("conn_id"), spark_submit=spark_raw.get("spark_submit"),
                           server=server or None)

@@ -52,9 +52,21 @@ def test_good_config_and_defaults(tmp_path):
     assert cfg.extract.upto_nchanges > 0
 
 
-def test_spark_server_address_is_kept():
+def test_spark_server_address_is_kept(monkeypatch):
+    monkeypatch.delenv("SLOTLAKE_SPARK_SERVER", raising=False)
     assert parse_config(GOOD).spark.server is None
     assert parse_config(with_change("spark.server", "127.0.0.1:7079")).spark.server == "127.0.0.1:7079"
+
+
+def test_spark_server_from_the_environment_unless_the_config_names_one(monkeypatch):
+    monkeypatch.setenv("SLOTLAKE_SPARK_SERVER", " 127.0.0.1:7080 ")
+    assert parse_config(GOOD).spark.server == "127.0.0.1:7080"
+    assert parse_config(with_change("spark.server", "127.0.0.1:7079")).spark.server == "127.0.0.1:7079"
+    monkeypatch.setenv("SLOTLAKE_SPARK_SERVER", "")
+    assert parse_config(GOOD).spark.server is None
+    monkeypatch.setenv("SLOTLAKE_SPARK_SERVER", "7080")
+    with pytest.raises(ConfigError, match=r"^SLOTLAKE_SPARK_SERVER: '7080' is not host:port; .* or unset it"):
+        parse_config(GOOD)
 
 
 @pytest.mark.parametrize(
