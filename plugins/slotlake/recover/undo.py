@@ -484,7 +484,7 @@ def undo(cfg: Config, source: str, xid: int | None = None, commit_lsn: str | Non
         raise UndoError(f"--commit-lsn {commit_lsn!r} is not an LSN (like 16/B374D848)") from None
     ref, touched = find_transaction(cfg, source, xid, lsn)
     ours = spark is None and SparkSession.getActiveSession() is None
-    spark = spark or get_spark("slotlake-undo", cfg.spark.master, cfg.spark.conf)
+    spark = spark or get_spark("slotlake-undo", cfg.spark.master, cfg.spark.conf, storage=cfg.storage)
     scratch = LakePaths.of(cfg.lake, source).scratch("undo")
     try:
         tables = tuple(_table_undo(spark, cfg, ref, t, scratch) for t in touched)
