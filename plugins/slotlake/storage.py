@@ -162,6 +162,11 @@ class Files(Protocol):
         """Create or replace `path` atomically and durably (readers see the old or the new bytes, never a mix)."""
         ...
 
+    def replace_file(self, path: str, local: str) -> int:
+        """Place the complete local file `local` at `path` like `write_replace` (the local file is consumed);
+        returns its size in bytes."""
+        ...
+
     def remove(self, path: str) -> None:
         """Delete `path` (nothing when it does not exist)."""
         ...
@@ -229,6 +234,15 @@ class LocalFiles:
             os.fsync(f.fileno())
         os.replace(tmp, final)
         _fsync_dir(final.parent)
+
+    def replace_file(self, path: str, local: str) -> int:
+        final, src = local_path(path), Path(local)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        _fsync_file(src)
+        size = src.stat().st_size
+        os.replace(src, final)
+        _fsync_dir(final.parent)
+        return size
 
     def remove(self, path: str) -> None:
         local_path(path).unlink(missing_ok=True)
@@ -328,6 +342,16 @@ class S3Files:
     def write_replace(self, path: str, data: bytes) -> None:
         bucket, key = split_s3(path)
         self._s3.put_object(Bucket=bucket, Key=key, Body=data)  # a PUT replaces an object atomically
+
+    def replace_file(self, path: str, local: str) -> int:
+        bucket, key = split_s3(path)
+        size = os.path.getsize(local)
+        try:
+            with open(local, "rb") as f:
+                self._s3.put_object(Bucket=bucket, Key=key, Body=f)
+        finally:
+            os.unlink(local)
+        return size
 
     def remove(self, path: str) -> None:
         bucket, key = split_s3(path)
