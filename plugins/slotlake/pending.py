@@ -95,7 +95,8 @@ def pending_work(w: LakeWatermarks) -> PendingWork:
 
 
 def read_watermarks(cfg: Config, source_name: str) -> LakeWatermarks | None:
-    """The watermarks of a local lake (None for a lake on an object store: its logs need Spark)."""
+    """The watermarks of the lake, read from its Delta logs and files without a JVM, on a local or an s3a lake
+    (None for another scheme: its logs need Spark)."""
     from slotlake import bronze
     from slotlake.names import TableName
     from slotlake.source.catalog_read import list_bootstrap

@@ -96,6 +96,14 @@ def delta_rs_options(settings: StorageSettings | None) -> dict[str, str]:
     return opts
 
 
+def delta_rs_table_args(path: str) -> tuple[str, dict[str, str]]:
+    """(table URI, storage_options) to open the lake table at `path` with `deltalake.DeltaTable(uri,
+    storage_options=...)`: an s3a path with this process's settings (`configure`), a local path as it is."""
+    if is_s3(path):
+        return delta_rs_uri(path), delta_rs_options(active_settings())
+    return str(local_path(path)), {}
+
+
 def spark_s3a_conf(settings: StorageSettings) -> dict[str, str]:
     """The `spark.hadoop.fs.s3a.*` settings of an s3a lake. No secret values: the credentials provider reads the
     environment of the driver (and of executors, which a cluster gives them or an instance role replaces)."""

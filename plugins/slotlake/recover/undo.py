@@ -375,10 +375,11 @@ def catalog_types(cfg: Config, source: str, rel_oid: int, at: Lsn) -> dict[str, 
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    from slotlake.recover.transactions import delta_rs_uri
+    from slotlake import storage
 
+    uri, options = storage.delta_rs_table_args(LakePaths.of(cfg.lake, source).catalog)
     try:
-        cat = DeltaTable(delta_rs_uri(LakePaths.of(cfg.lake, source).catalog)).to_pyarrow_dataset()
+        cat = DeltaTable(uri, storage_options=options).to_pyarrow_dataset()
     except TableNotFoundError:
         return {}
     rows = cat.to_table(columns=["version", "valid_from_lsn", "columns"],

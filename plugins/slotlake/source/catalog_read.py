@@ -136,9 +136,9 @@ def archive_bootstrap(conn: psycopg.Connection, lake_root: str, tables: list[str
     Call it at slot creation, inside the transaction that imported the slot's exported snapshot, with
     `lsn` = the slot's consistent point: the definitions then are exactly those in force at `lsn`. The decode
     job turns the file into `_catalog` versions with origin `bootstrap` (docs/internals.md "Catalog").
-    `lake_root` is the source's root, `<lake>/<source>`. The file is placed atomically (`Files.write_replace`: a hidden
-    `.tmp`, fsynced, renamed, folder fsynced; on S3 one PUT) like a bronze file, so the decode never reads a partial one;
-    calling it again for the same `lsn` replaces the file with the same content. Returns the file's path.
+    `lake_root` is the source's root, `<lake>/<source>`. The file is placed atomically (`Files.write_replace`: a
+    hidden `.tmp`, fsynced, renamed, folder fsynced; on S3 one PUT) like a bronze file, so the decode never reads a
+    partial one; calling it again for the same `lsn` replaces the file with the same content. Returns the file's path.
     `generated_published` (whether the publication sends stored generated columns) is kept with the file: it
     holds for the slot's life (preflight refuses a publication whose setting changed), and tells which columns
     the definitions of this slot, including later DDL events, put in Relation-message order.
