@@ -157,6 +157,32 @@ def spark():
         "spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"})
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible endpoint (`moto_server`, tests/s3server.py) for the session, with dummy credentials in
+    this process's environment only (the CLI and Spark processes the tests start inherit them)."""
+    from s3server import TEST_CREDENTIALS, MotoServer
+
+    saved = {k: os.environ.get(k) for k in TEST_CREDENTIALS}
+    os.environ.update(TEST_CREDENTIALS)
+    server = MotoServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def s3_bucket(s3_server) -> str:
+    """A new empty bucket on the session's S3 endpoint."""
+    return s3_server.new_bucket()
+
+
 # The longest test files (real waits for minute boundaries, a scheduler, crash-and-rerun cycles), started first so
 # that with `pytest -n 2 --dist loadfile` (scripts/test.sh) they overlap with the many short ones instead of
 # running alone at the end. Measured on 2 idle cores: replay_airflow 380 s, faults 260 s, e2e 200 s per PostgreSQL

@@ -131,5 +131,5 @@ def pending_after_extract(cfg: Config, source_name: str) -> PendingWork:
     """What the Spark apps must do after this run's extract (everything, when the lake cannot be read here)."""
     w = read_watermarks(cfg, source_name)
     if w is None:
-        return PendingWork("the lake is not local: its Delta logs are read by Spark", None)
+        return PendingWork("the lake is neither local nor s3a: its Delta logs are read by Spark", None)
     return pending_work(w)
