@@ -15,7 +15,7 @@ A sync with nothing new should not pay a JVM start. Every stage records how far 
 
 `merged_end` rather than each gold table's watermark: a table without changes in a run keeps its older watermark,
 so only the run as a whole says that every table is at silver's end. Anything this module cannot read (a lake on
-an object store, a log written by an older slotlake) counts as due: Spark then decides, as before.
+an object store other than S3, a log written by an older slotlake) counts as due: Spark then decides, as before.
 """
 from __future__ import annotations
 

@@ -61,6 +61,9 @@ def test_spark_conf_adds_s3_jars_only_for_an_s3a_lake():
     cluster = spark_conf("spark://m:7077", storage=MINIO)
     assert all(j in cluster["spark.jars"].split(",") for j in s3_jars())
     assert "spark.driver.extraClassPath" not in cluster
+    # A cluster whose nodes have the jars (docker/slotlake.yaml): no copy through spark.jars.
+    nodes = spark_conf("spark://m:7077", {"spark.executor.extraClassPath": "/opt/s3/*"}, storage=MINIO)
+    assert "hadoop-aws" not in nodes["spark.jars"] and nodes["spark.driver.extraClassPath"] == ":".join(s3_jars())
 
 
 def test_credentials_only_from_the_environment(monkeypatch):

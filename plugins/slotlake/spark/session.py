@@ -85,9 +85,10 @@ def spark_conf(master: str = "local[*]", extra: Mapping[str, str] | None = None,
     conf["spark.jars"] = ",".join(delta_jars())
     if storage is not None:
         conf.update(spark_s3a_conf(storage))
-        if cores is not None:
-            # Driver and executors are one JVM: the class path is enough, where spark.jars would copy the 700 MB
-            # SDK bundle into every run's work folder. Only for an s3a lake: a local lake's start loads none of it.
+        if cores is not None or "spark.executor.extraClassPath" in (extra or {}):
+            # Local master: driver and executors are one JVM, so the class path is enough, where spark.jars would
+            # copy the 700 MB SDK bundle into every run's work folder. A cluster whose nodes hold the jars says so
+            # with spark.executor.extraClassPath. Only for an s3a lake: a local lake's start loads none of it.
             conf["spark.driver.extraClassPath"] = ":".join(s3_jars())
         else:
             conf["spark.jars"] += "," + ",".join(s3_jars())
