@@ -1,6 +1,8 @@
 """A lake on S3 (`lake: s3a://bucket/prefix`) against a real S3-compatible endpoint (`moto_server`, tests/s3server.py),
-through the real CLI: the initial copy, inserts, updates, deletes and a TRUNCATE, a crash between placing a bronze
-object and advancing the slot, an idle sync that starts no JVM, and `recover --to s3a://...`. Gold equals
+through the real CLI: the initial copy, inserts, updates, deletes and a TRUNCATE, a crash in each stage's window
+(as tests/integration/test_faults.py does on a local lake: extract after placing a bronze object, decode after the
+_catalog commit, merge after the first table's commit), an idle sync that starts no JVM, and
+`recover --to s3a://...`. Gold equals
 PostgreSQL row by row after every phase (read with delta-rs through the configured endpoint), and at the end every
 Delta table in the bucket reads the same through delta-rs and Spark (s3a). Plus: a bronze object is never replaced.
 """
@@ -18,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from delta_readers import check_bucket  # noqa: E402
+from delta_readers import check_bucket, read_delta_rs  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake import bronze, delta_log, storage  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
@@ -67,6 +69,19 @@ def slot_confirmed(dsn: str) -> Lsn:
     return Lsn.parse(str(lsn))
 
 
+def silver_end(paths: LakePaths) -> str | None:
+    """Silver's decode watermark, from its Delta log on S3 (None: nothing decoded yet)."""
+    if not delta_log.is_delta_table(paths.changes):
+        return None
+    last = delta_log.latest_slotlake_commit(paths.changes, "decode")
+    return last.end_lsn if last else None
+
+
+def run_ends(paths: LakePaths) -> set[str]:
+    """The end LSNs of the complete merge runs in `_runs` (read with delta-rs through the endpoint)."""
+    return {str(Lsn(v)) for v in read_delta_rs(paths.runs).column("run_end_lsn").to_pylist()}
+
+
 def assert_gold(paths: LakePaths, dsn: str) -> None:
     for t in TABLES:
         assert_gold_equals_pg(None, paths.gold(*t.split(".")), dsn, t, reader="delta-rs")
@@ -101,6 +116,7 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
             "UPDATE items SET qty = qty + 100, name = name || '!' WHERE id % 5 = 0",
             "DELETE FROM items WHERE id % 11 = 0",
             "UPDATE notes SET body = upper(body) WHERE id < 10",
+            "ALTER TABLE notes ALTER COLUMN body TYPE varchar(500)",
             "DELETE FROM notes WHERE id > 45")
     before = slot_confirmed(pg_db)
     _, log = sync(cfg, "extract_after_write")
@@ -108,7 +124,16 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     placed = bronze.list_bronze(paths.root)
     assert placed and placed[-1].path.startswith(f"s3a://{s3_bucket}/") and placed[-1].end_lsn > before
     assert slot_confirmed(pg_db) == before  # the object is durable, the slot not advanced
+    # the next sync dies in the decode, after the _catalog commit (the ALTER made a new catalog version), before
+    # silver's: the one after it re-applies nothing
+    catalog_before = read_delta_rs(paths.catalog).num_rows
+    silver_before = silver_end(paths)
+    sync(cfg, "decode_after_catalog")
+    assert silver_end(paths) == silver_before  # silver did not move...
+    catalog_rows = read_delta_rs(paths.catalog).num_rows
+    assert catalog_rows > catalog_before  # ...but the catalog commit landed: the window was really hit
     report, _ = sync(cfg)
+    assert read_delta_rs(paths.catalog).num_rows == catalog_rows
     assert report["spark_skipped"] is False and report["decoded_changes"] > 0, report
     assert_gold(paths, pg_db)
     files = bronze.list_bronze(paths.root)
@@ -120,14 +145,24 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
             name = t.split(".")[1]
             conn.execute(f"CREATE TABLE recorded.{name} AS TABLE {t}")
 
-    # 3. TRUNCATE, then new rows and an update in the same batch
+    # 3. TRUNCATE, then new rows and an update in the same batch; the merge dies right after the first table's
+    # Delta commit on S3 (before the other table and _runs): the next sync finishes it, nothing merged twice
     run_sql(pg_db, "TRUNCATE items",
             "INSERT INTO items VALUES (1, 'after truncate', 1, 9.99, now()), (2, 'b', 2, 0.01, NULL)",
             "UPDATE items SET qty = 3 WHERE id = 2",
             "INSERT INTO notes VALUES (1000, 'late')")
+    silver_before = silver_end(paths)
+    sync(cfg, "merge_after_first_table")
+    end = silver_end(paths)
+    assert end != silver_before  # the decode of this run did finish
+    marks = {t: delta_log.latest_slotlake_commit(paths.gold(*t.split(".")), "merge").end_lsn for t in TABLES}
+    assert end in marks.values() and set(marks.values()) != {end}, (end, marks)  # one table committed, one not
+    assert run_ends(paths) and end not in run_ends(paths)  # and _runs was not written
     report, _ = sync(cfg)
     assert_gold(paths, pg_db)
-    assert any(m["table"] == "public.items" for m in report["merged"]), report["merged"]
+    assert end in run_ends(paths)
+    for t in TABLES:  # the table committed before the crash was not merged again (idempotent writes)
+        assert len([c for c in delta_log.commits(paths.gold(*t.split("."))) if c.end_lsn == end]) == 1, t
 
     # 4. nothing new: decided from the Delta logs and bronze on S3, no Spark app, no JVM
     report, log = sync(cfg)
