@@ -4,8 +4,8 @@ Bronze files, coverage markers, the bootstrap catalog, the initial copies' parts
 read without a JVM all go through one small API, `Files` (`files_for(path)`): `LocalFiles` for a local lake,
 `S3Files` (boto3) for `lake: s3a://bucket/prefix`. Both keep the two promises bronze needs:
 
-- `put_new` never replaces an object: locally a hidden temporary file is fsynced and renamed into place only when
-  the name is free; on S3 it is ONE conditional PUT (`If-None-Match: *`), which the store refuses with 412 when the
+- `put_new` never replaces an object: locally a hidden temporary file is fsynced and hard-linked into place (a link
+  fails when the name is taken), then unlinked; on S3 it is ONE conditional PUT (`If-None-Match: *`), which the store refuses with 412 when the
   name exists, so a second writer of the same name fails instead of replacing what the first archived.
 - when `put_new` / `write_replace` return, the data is durable (fsync + folder fsync; a PUT that returned 200).
 
@@ -225,11 +225,10 @@ class LocalFiles:
     def put_new_file(self, path: str, local: str) -> int:
         final, src = local_path(path), Path(local)
         final.parent.mkdir(parents=True, exist_ok=True)
-        if final.exists():
-            raise FileExistsError(str(final))
         _fsync_file(src)
         size = src.stat().st_size
-        os.rename(src, final)
+        os.link(src, final)  # atomic and never replaces: FileExistsError when the name is taken
+        os.unlink(src)
         _fsync_dir(final.parent)
         return size
 
