@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from slotlake import delta_log
+from slotlake import delta_log, storage
 from slotlake.config import Config
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
@@ -113,6 +113,8 @@ def task_preflight(cfg: Config, source_name: str) -> dict[str, Any]:
     from slotlake.source.lock import source_lock
     from slotlake.source.preflight import run_preflight
 
+    if cfg.storage is not None:
+        storage.credentials()  # an s3a lake without AWS_* credentials: one line, before touching the database
     with source_lock(cfg.source(source_name), "preflight"):
         report = run_preflight(cfg, cfg.source(source_name))
     return plain(report)

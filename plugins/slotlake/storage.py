@@ -5,8 +5,9 @@ read without a JVM all go through one small API, `Files` (`files_for(path)`): `L
 `S3Files` (boto3) for `lake: s3a://bucket/prefix`. Both keep the two promises bronze needs:
 
 - `put_new` never replaces an object: locally a hidden temporary file is fsynced and hard-linked into place (a link
-  fails when the name is taken), then unlinked; on S3 it is ONE conditional PUT (`If-None-Match: *`), which the store refuses with 412 when the
-  name exists, so a second writer of the same name fails instead of replacing what the first archived.
+  fails when the name is taken), then unlinked; on S3 it is ONE conditional PUT (`If-None-Match: *`), which the
+  store refuses with 412 when the name exists, so a second writer of the same name fails instead of replacing
+  what the first archived.
 - when `put_new` / `write_replace` return, the data is durable (fsync + folder fsync; a PUT that returned 200).
 
 Also here, so each is defined once: the Spark `fs.s3a.*` settings, and the URI and `storage_options` delta-rs
