@@ -66,7 +66,6 @@ from slotlake.source.copies import (
     TableCopy,
     complete_copy,
     copy_dir,
-    copy_folder,
     current_generation,
     publication_record,
     record_generation,
@@ -219,15 +218,15 @@ class _Progress:
     done: set[int] = field(default_factory=set)
 
 
-def _copy_part(bulk, copy: TableCopy, part: _Part, folder: str, lake_root: str) -> dict[str, Any]:
+def _copy_part(bulk, copy: TableCopy, part: _Part, folder: str) -> dict[str, Any]:
     """Stream one part into `part-NNNNN.parquet` (temporary name, fsync, rename; on S3 a local scratch file, then
     one PUT). Returns its manifest entry. A part copied again (a retry) replaces the earlier file."""
     name = f"part-{part.index:05d}.parquet"
     final = storage.join(folder, name)
     if storage.is_s3(folder):
-        scratch = bronze.scratch_dir(lake_root)
+        scratch = bronze.scratch_dir(folder)  # a local folder of this copy's own
         scratch.mkdir(parents=True, exist_ok=True)
-        tmp = scratch / f".{copy.copy_id}-{copy_folder(copy.table)}-{name}.tmp"
+        tmp = scratch / f".{name}.tmp"
     else:
         tmp = storage.local_path(folder) / f".{name}.tmp"
     rows = 0
@@ -315,14 +314,14 @@ def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], s
             raise _OpenFailed() from e
         c = progress[part.table].copy
         try:
-            return _copy_part(bulk, c, part, copy_dir(lake_root, c.table, c.copy_id), lake_root)
+            return _copy_part(bulk, c, part, copy_dir(lake_root, c.table, c.copy_id))
         except Exception as first:
             # Once more on a new connection in the same snapshot (still exported: the coordinator holds it),
             # e.g. after a dropped connection; a second failure fails the copy.
             log.warning("snapshot %s: %s part %d failed (%s); retrying it once in the same snapshot",
                         source.name, part.table, part.index, scrub(str(first), dsn))
             local.bulk = None
-            return _copy_part(connection(), c, part, copy_dir(lake_root, c.table, c.copy_id), lake_root)
+            return _copy_part(connection(), c, part, copy_dir(lake_root, c.table, c.copy_id))
 
     expected = len(todo)
     recorded = 0
