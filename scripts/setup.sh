@@ -2,7 +2,8 @@
 # Installs everything slotlake needs on a Debian machine, idempotently:
 #   - Debian packages: the PostgreSQL server (initdb/pg_ctl), Java 17, Maven (only those missing)
 #   - .venv/ at the repo root with the pinned requirements and slotlake itself (editable, all extras)
-#   - the Delta jars from Maven Central into .jars/ (spark.jars points there; Spark never downloads at start)
+#   - the Delta jars from Maven Central into .jars/ (spark.jars points there; Spark never downloads at start),
+#     and the S3 jars (hadoop-aws, the AWS SDK bundle) into .jars/s3/ (used only for an s3a:// lake)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -30,7 +31,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.slotlake-stamp 2>/dev/null)" != 
   # slotlake itself, editable, with every extra; requirements.txt as constraints: installs nothing new, and fails
   # if a pin falls outside a range pyproject.toml declares.
   .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation -c requirements.txt \
-    -e ".[spark,airflow,test,lint]"
+    -e ".[spark,airflow,s3,test,lint]"
   echo "$stamp_src" > .venv/.slotlake-stamp
 fi
 
@@ -41,4 +42,12 @@ if [ "$(cat .jars/.stamp 2>/dev/null)" != "$jar_stamp" ]; then
   mvn -q -B -f jars/pom.xml dependency:copy-dependencies -DoutputDirectory="$root/.jars" -DincludeScope=runtime
   echo "$jar_stamp" > .jars/.stamp
 fi
-ls .jars/*.jar >/dev/null
+# The S3 jars (hadoop-aws and what it needs, jars/s3/pom.xml) in .jars/s3/: Spark loads them only for an s3a lake.
+s3_stamp="$(sha256sum jars/s3/pom.xml | cut -c1-16)"
+if [ "$(cat .jars/s3/.stamp 2>/dev/null)" != "$s3_stamp" ]; then
+  echo "setup: resolving the S3 jars (hadoop-aws, AWS SDK bundle) from Maven Central into .jars/s3/"
+  rm -rf .jars/s3 && mkdir -p .jars/s3
+  mvn -q -B -f jars/s3/pom.xml dependency:copy-dependencies -DoutputDirectory="$root/.jars/s3" -DincludeScope=runtime
+  echo "$s3_stamp" > .jars/s3/.stamp
+fi
+ls .jars/*.jar .jars/s3/hadoop-aws-*.jar >/dev/null

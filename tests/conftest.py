@@ -213,12 +213,39 @@ def spark():
         "spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"})
 
 
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible endpoint (`moto_server`, tests/s3server.py) for the session, with dummy credentials in
+    this process's environment only (the CLI and Spark processes the tests start inherit them)."""
+    from s3server import TEST_CREDENTIALS, MotoServer
+
+    saved = {k: os.environ.get(k) for k in TEST_CREDENTIALS}
+    os.environ.update(TEST_CREDENTIALS)
+    server = MotoServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture
+def s3_bucket(s3_server) -> str:
+    """A new empty bucket on the session's S3 endpoint."""
+    return s3_server.new_bucket()
+
+
 # The longest test files (real waits for minute boundaries, a scheduler, crash-and-rerun cycles), started first so
 # that with `pytest -n 2 --dist loadfile` (scripts/test.sh) they overlap with the many short ones instead of
 # running alone at the end. Measured on 2 idle cores: replay_airflow 380 s, faults 260 s, e2e 200 s per PostgreSQL
 # version (it runs on two), dags 115 s, replay 100 s, cli 95 s; everything else under a minute per file.
-LONG_FIRST = ["test_e2e_workload.py", "test_replay_airflow.py", "test_faults.py", "test_publications.py",
-              "test_concurrent_runs.py", "test_dags.py", "test_replay.py", "test_cli.py", "test_pg_versions.py",
+LONG_FIRST = ["test_e2e_workload.py", "test_replay_airflow.py", "test_faults.py", "test_s3_lake.py",
+              "test_publications.py", "test_concurrent_runs.py", "test_dags.py", "test_replay.py", "test_cli.py",
+              "test_pg_versions.py",
               "test_numeric.py", "test_quoted_names.py", "test_replay_coverage.py", "test_schema_evolution.py",
               "test_catalog_versions.py", "test_snapshot.py"]
 

@@ -8,6 +8,10 @@ or `deletionVectors`) fails with the table's protocol in the message.
 
 `delta_tables(root)` finds the tables under a folder (every directory holding a `_delta_log` with a commit);
 tests/conftest.py runs the check on every table under each test's `tmp_path` (marker `delta_readers`).
+An s3a:// lake: delta-rs opens each table with `slotlake.storage.delta_rs_table_args` (the configured endpoint),
+Spark through s3a. A Spark session gets the S3 jars only when it starts, so `check_bucket(config, prefix)` runs
+the check in a new process (`python tests/delta_readers.py --config F s3a://bucket/prefix`) with a Spark session
+made for that lake.
 """
 from __future__ import annotations
 
@@ -21,6 +25,33 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
+_DATA_SUFFIXES = (".parquet", ".json", ".crc", ".checkpoint")
+
+
+def delta_tables_s3(root: str) -> list[str]:
+    """Delta tables under an s3a:// folder (a prefix holding `_delta_log/` with a commit or checkpoint)."""
+    from slotlake import storage
+
+    files = storage.files_for(root)
+    names = files.list_names(root)
+    if "_delta_log" in names:
+        log = storage.join(root, "_delta_log")
+        return [root] if any(n.endswith((".json", ".parquet")) for n in files.list_names(log)) else []
+    out: list[str] = []
+    for name in names:
+        if not name.endswith(_DATA_SUFFIXES):
+            out += delta_tables_s3(storage.join(root, name))
+    return sorted(out)
+
+
+def _rs_table(path: Path | str):
+    import deltalake
+
+    from slotlake import storage
+
+    uri, options = storage.delta_rs_table_args(str(path))
+    return deltalake.DeltaTable(uri, storage_options=options)
 
 
 def delta_tables(root: Path) -> list[Path]:
@@ -37,10 +68,13 @@ def delta_tables(root: Path) -> list[Path]:
 
 def protocol(path: Path | str) -> dict[str, Any]:
     """The newest protocol action in the table's JSON commits (for messages; checkpoints are not read)."""
+    from slotlake import storage
+
     found: dict[str, Any] = {}
-    log = Path(path) / "_delta_log"
-    for name in sorted(n for n in os.listdir(log) if n.endswith(".json") and n[:20].isdigit()):
-        for line in (log / name).read_text().splitlines():
+    log = storage.join(str(path), "_delta_log")
+    files = storage.files_for(log)
+    for name in sorted(n for n in files.list_names(log) if n.endswith(".json") and n[:20].isdigit()):
+        for line in files.read_bytes(storage.join(log, name)).decode().splitlines():
             if line.startswith('{"protocol"'):
                 found = json.loads(line)["protocol"]
     return found
@@ -95,9 +129,7 @@ def schema_of(table: pa.Table) -> list[tuple[str, str]]:
 
 def column_mapping(path: Path | str) -> str | None:
     """The table's `delta.columnMapping.mode` (name, id) or None."""
-    import deltalake
-
-    mode = deltalake.DeltaTable(str(path)).metadata().configuration.get("delta.columnMapping.mode")
+    mode = _rs_table(path).metadata().configuration.get("delta.columnMapping.mode")
     return mode if mode in ("name", "id") else None
 
 
@@ -110,10 +142,9 @@ def read_delta_rs(path: Path | str) -> pa.Table:
 
     try:
         if column_mapping(path):
-            result = deltalake.QueryBuilder().register("t", deltalake.DeltaTable(str(path))).execute(
-                "SELECT * FROM t")
+            result = deltalake.QueryBuilder().register("t", _rs_table(path)).execute("SELECT * FROM t")
             return pa.table(result.read_all())
-        return deltalake.DeltaTable(str(path)).to_pyarrow_table()
+        return _rs_table(path).to_pyarrow_table()
     except Exception as e:
         raise AssertionError(
             f"delta-rs (deltalake {deltalake.__version__}) cannot read the Delta table {path}: "
@@ -121,14 +152,14 @@ def read_delta_rs(path: Path | str) -> pa.Table:
             "must not give a table a reader feature delta-rs lacks unless the user opted in") from None
 
 
-def read_spark(spark: Any, path: Path) -> pa.Table:
+def read_spark(spark: Any, path: Path | str) -> pa.Table:
     return spark.read.format("delta").load(str(path)).toArrow()
 
 
 def assert_delta_readers_agree(spark: Any, path: Path | str) -> int:
     """Assert delta-rs and Spark read the same columns, types and rows from the Delta table at `path`;
     returns the row count."""
-    path = Path(path)
+    path = path if str(path).startswith("s3a://") else Path(path)
     rs = read_delta_rs(path)
     sp = read_spark(spark, path)
     assert schema_of(rs) == schema_of(sp), (
@@ -154,3 +185,43 @@ def assert_delta_rs_refuses(path: Path | str, features: Iterable[str]) -> None:
         return
     raise AssertionError(f"{path}: delta-rs read a table with reader features {reader_features(path)}; "
                          "if it supports them now, drop the opt-in marker")
+
+
+def check_bucket(config: str, root: str) -> tuple[int, str]:
+    """Run the delta-rs/Spark check on every Delta table under the s3a:// folder `root` in a new process with a
+    Spark session for the lake of `config` (its `storage:`); returns (number of tables, the process's report)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, __file__, "--config", config, root], capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, f"delta readers disagree under {root}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    last = out.stdout.strip().splitlines()[-1]
+    return int(last.split()[0]), out.stdout
+
+
+def _main() -> None:
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description="delta-rs vs Spark on every Delta table under an s3a:// folder")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("root")
+    args = parser.parse_args()
+    root_dir = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root_dir / "plugins"))
+    from slotlake.config import load_config
+    from slotlake.spark.session import get_spark
+
+    cfg = load_config(args.config)  # configures slotlake.storage for the lake's endpoint
+    tables = delta_tables_s3(args.root)
+    assert tables, f"no Delta table under {args.root}"
+    spark = get_spark("slotlake-delta-readers-s3", "local[1]", {
+        "spark.sql.shuffle.partitions": "1", "spark.databricks.delta.snapshotPartitions": "1"}, storage=cfg.storage)
+    for t in tables:
+        print(f"{t}: {assert_delta_readers_agree(spark, t)} rows agree", flush=True)
+    print(f"{len(tables)} tables agree")
+
+
+if __name__ == "__main__":
+    _main()

@@ -4,7 +4,10 @@ Contract (docs/internals.md "Bronze"): one Parquet file per peek call, holding w
 `<start.hex16>_<end.hex16>.parquet` (start = the slot's confirmed position before the call, end = the end LSN of
 the last commit in the file), so lexical order is LSN order. A file is written under a hidden `.tmp` name,
 flushed, fsynced, renamed into place and the directory fsynced: a name without the dot is always complete.
-Files are never modified after placement. Bronze lives on the local filesystem (or a mount of it).
+Files are never modified after placement. Bronze lives on the local filesystem (or a mount of it), or on S3 (an
+s3a:// lake): there a file is written to a local scratch file and placed with ONE conditional PUT
+(`If-None-Match: *`, `storage.S3Files.put_new_file`), so an object name is complete when it exists and is never
+replaced (a second writer of the same name gets 412 and fails).
 
 Coverage markers (`bronze/_covered/<lsn.hex16>.json`): an extract that moves the slot past the end of its last
 bronze file (its peek found nothing more up to `upto_lsn`) first places a marker saying so, the same way as a
@@ -15,13 +18,16 @@ there. Markers hold no changes: crash recovery (`max_archived_end`) and decoding
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from slotlake import storage
 from slotlake.errors import ExtractError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
@@ -57,18 +63,31 @@ def bronze_name(start: Lsn, end: Lsn) -> str:
 
 
 def bronze_dir(lake_root: str) -> Path:
-    """The local bronze folder of a source (`lake_root` = `<lake>/<source>`)."""
+    """The local bronze folder of a source (`lake_root` = `<lake>/<source>`); on S3 see `bronze_path`."""
     return local_dir(LakePaths(lake_root.rstrip("/")).bronze)
 
 
+def bronze_path(lake_root: str) -> str:
+    """The bronze folder of a source as a lake path (local or s3a://)."""
+    return LakePaths(lake_root.rstrip("/")).bronze
+
+
 def local_dir(path: str) -> Path:
-    """A bronze path (`LakePaths.bronze`, `.snapshots`) as a local folder; the extract writes local files only."""
+    """A local bronze path (`LakePaths.bronze`, `.snapshots`) as a folder; an s3a:// lake goes through `storage`."""
     if path.startswith("file://"):
         path = path[len("file://"):]
     elif "://" in path:
-        raise ExtractError(f"bronze must be on a local filesystem (or a mount), got {path}; "
-                           "set `lake:` to a local path")
+        raise ExtractError(f"{path} is not on the local filesystem; the lake's files on S3 are read and written "
+                           "through slotlake.storage (lake: s3a://bucket/prefix)")
     return Path(path)
+
+
+def scratch_dir(lake_root: str) -> Path:
+    """The local folder where an s3a lake's bronze files are written before their PUT (one per source lake;
+    `$SLOTLAKE_WORK_DIR`, else the system's temporary folder)."""
+    digest = hashlib.sha256(lake_root.rstrip("/").encode()).hexdigest()[:16]
+    base = Path(os.environ.get("SLOTLAKE_WORK_DIR", tempfile.gettempdir()))
+    return base / "slotlake-bronze" / digest
 
 
 def parse_bronze_name(name: str) -> tuple[Lsn, Lsn] | None:
@@ -79,6 +98,12 @@ def parse_bronze_name(name: str) -> tuple[Lsn, Lsn] | None:
 
 def list_bronze(lake_root: str) -> list[BronzeFile]:
     """Placed bronze files sorted by end LSN; hidden `.tmp` files (a write in progress or abandoned) are ignored."""
+    if storage.is_s3(lake_root):
+        folder_path = bronze_path(lake_root)
+        files = [BronzeFile(start_lsn=p[0], end_lsn=p[1], path=storage.join(folder_path, name))
+                 for name in storage.files_for(folder_path).list_names(folder_path)
+                 if (p := parse_bronze_name(name))]
+        return sorted(files, key=lambda f: (f.end_lsn, f.start_lsn))
     folder = bronze_dir(lake_root)
     if not folder.is_dir():
         return []
@@ -97,15 +122,16 @@ def max_archived_end(lake_root: str) -> Lsn | None:
 
 
 def tmp_path(lake_root: str, start: Lsn) -> Path:
-    """Where a file starting at `start` is written before its end is known: `.<start.hex16>_pending.parquet.tmp`."""
-    folder = bronze_dir(lake_root)
+    """Where a file starting at `start` is written before its end is known: `.<start.hex16>_pending.parquet.tmp`
+    in the bronze folder (a local lake) or in the source's local scratch folder (an s3a lake)."""
+    folder = scratch_dir(lake_root) if storage.is_s3(lake_root) else bronze_dir(lake_root)
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f".{start.hex16}_pending.parquet.tmp"
 
 
 def remove_abandoned(lake_root: str) -> list[str]:
     """Delete `.tmp` files left by a run that died while writing (never placed, so never archived)."""
-    folder = bronze_dir(lake_root)
+    folder = scratch_dir(lake_root) if storage.is_s3(lake_root) else bronze_dir(lake_root)
     if not folder.is_dir():
         return []
     removed = []
@@ -124,12 +150,21 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def place(tmp: Path, start: Lsn, end: Lsn) -> BronzeFile:
+def place(tmp: Path, start: Lsn, end: Lsn, lake_root: str | None = None) -> BronzeFile:
     """Make a fully written `tmp` file durable and visible as `<start>_<end>.parquet`.
 
-    fsync the data, rename (atomic on POSIX), fsync the folder so the rename itself survives a crash.
+    Local: fsync the data, rename (atomic on POSIX), fsync the folder so the rename itself survives a crash.
+    S3 (`lake_root` an s3a:// source root): one conditional PUT of the whole file, then the local file is removed.
     Refuses to overwrite: bronze files are immutable.
     """
+    if lake_root is not None and storage.is_s3(lake_root):
+        target = storage.join(bronze_path(lake_root), bronze_name(start, end))
+        try:
+            storage.files_for(target).put_new_file(target, str(tmp))
+        except FileExistsError:
+            raise ExtractError(f"bronze file {target} already exists; bronze files are immutable "
+                               "(two extracts running at once on the same source?)") from None
+        return BronzeFile(start_lsn=start, end_lsn=end, path=target)
     final = tmp.parent / bronze_name(start, end)
     if final.exists():
         raise ExtractError(f"bronze file {final} already exists; bronze files are immutable "
@@ -152,6 +187,10 @@ def covered_dir(lake_root: str) -> Path:
 
 def list_covered(lake_root: str) -> list[Lsn]:
     """The LSNs of the placed coverage markers, ascending (hidden `.tmp` files ignored)."""
+    if storage.is_s3(lake_root):
+        folder_path = storage.join(bronze_path(lake_root), _COVERED_DIR)
+        names = storage.files_for(folder_path).list_names(folder_path)
+        return sorted(Lsn(int(m.group(1), 16)) for m in map(_COVERED_NAME.match, names) if m)
     folder = covered_dir(lake_root)
     if not folder.is_dir():
         return []
@@ -165,20 +204,36 @@ def covered_lsn(lake_root: str) -> Lsn | None:
     return max(ends) if ends else None
 
 
-def place_covered(lake_root: str, covered: Lsn, *, slot: str, upto: Lsn) -> Path:
+def _covered_body(covered: Lsn, slot: str, upto: Lsn) -> dict[str, object]:
+    return {"format": 1, "covered_lsn": str(covered), "upto_lsn": str(upto), "slot": slot,
+            "written_at": datetime.now(UTC).isoformat()}
+
+
+def place_covered(lake_root: str, covered: Lsn, *, slot: str, upto: Lsn) -> str:
     """Durably record that every commit up to `covered` is archived (call only once the bronze files holding them
     are placed, and before the slot moves past them): written hidden, fsynced, renamed, folder fsynced.
 
-    Older markers are then removed: the newest says all they said. A crash before that leaves them; harmless."""
+    Older markers are then removed: the newest says all they said. A crash before that leaves them; harmless.
+    On S3 the marker is one conditional PUT (an existing marker of the same LSN says the same)."""
+    if storage.is_s3(lake_root):
+        folder_path = storage.join(bronze_path(lake_root), _COVERED_DIR)
+        target = storage.join(folder_path, f"{covered.hex16}.json")
+        files = storage.files_for(target)
+        try:
+            files.put_new(target, json.dumps(_covered_body(covered, slot, upto)).encode())
+        except FileExistsError:
+            pass
+        for older in list_covered(lake_root):
+            if older < covered:
+                files.remove(storage.join(folder_path, f"{older.hex16}.json"))
+        return target
     folder = covered_dir(lake_root)
     folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{covered.hex16}.json"
     if not final.exists():
         tmp = folder / f".{covered.hex16}.json.tmp"
-        body = {"format": 1, "covered_lsn": str(covered), "upto_lsn": str(upto), "slot": slot,
-                "written_at": datetime.now(UTC).isoformat()}
         with open(tmp, "w") as f:
-            json.dump(body, f)
+            json.dump(_covered_body(covered, slot, upto), f)
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, final)
@@ -186,4 +241,4 @@ def place_covered(lake_root: str, covered: Lsn, *, slot: str, upto: Lsn) -> Path
     for older in list_covered(lake_root):
         if older < covered:
             (folder / f"{older.hex16}.json").unlink(missing_ok=True)
-    return final
+    return str(final)

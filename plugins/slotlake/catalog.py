@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from slotlake import contracts, delta_log
+from slotlake import contracts, delta_log, storage
 from slotlake.contracts import STAGE_CATALOG, CommitMeta
 from slotlake.lsn import Lsn
 
@@ -187,14 +187,15 @@ CATALOG_DDL = contracts.ddl(contracts.CATALOG)
 def read_catalog(spark, path: str) -> list[CatalogVersion]:
     """All versions in `_catalog` (empty if the table does not exist yet).
 
-    A local lake's catalog is read with delta-rs (a few hundred rows: no Spark jobs, no Delta snapshot to build in
-    the JVM); Spark reads it elsewhere."""
+    The catalog is read with delta-rs, on a local or an s3a lake (a few hundred rows: no Spark jobs, no Delta
+    snapshot to build in the JVM); Spark reads it elsewhere (other lake schemes)."""
     from delta.tables import DeltaTable
 
     if delta_log.readable(path) and delta_log.has_commits(path):
         from deltalake import DeltaTable as RsTable
 
-        rows = RsTable(str(delta_log.local_path(path))).to_pyarrow_table().to_pylist()
+        uri, options = storage.delta_rs_table_args(path)
+        rows = RsTable(uri, storage_options=options).to_pyarrow_table().to_pylist()
     elif not DeltaTable.isDeltaTable(spark, path):
         return []
     else:

@@ -86,7 +86,7 @@ def runs_status(cfg: Config, runs_path: str) -> list[dict[str, Any]]:
     from slotlake.spark.session import get_spark
 
     ours = SparkSession.getActiveSession() is None  # inside a caller's session (tests), leave it running
-    spark = get_spark("slotlake-status", "local[1]", cfg.spark.conf)
+    spark = get_spark("slotlake-status", "local[1]", cfg.spark.conf, storage=cfg.storage)
     try:
         from pyspark.sql import functions as F
         from pyspark.sql.utils import AnalysisException

@@ -13,6 +13,10 @@
         delete_mode: hard
         history: false
         numeric: {unconstrained: decimal}   # or string; per table/column: tables: {public.t: {columns: {c: string}}}
+    storage:                            # only with lake: s3a://bucket/prefix (credentials: AWS_* environment)
+      endpoint: http://127.0.0.1:9000   # an S3-compatible store; left out for AWS S3
+      region: us-east-1
+      path_style: true
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import yaml
 
 from slotlake.errors import ConfigError
 from slotlake.names import TableName
+from slotlake.storage import ACCESS_KEY_ENV, SECRET_KEY_ENV, StorageSettings, configure, is_s3
 
 ENV_VAR = "SLOTLAKE_CONFIG"
 # The Spark server for every config that names none (`spark.server` wins): one setting in the environment of the
@@ -181,6 +186,7 @@ class Config:
     sources: Mapping[str, SourceConfig]
     path: str | None = None
     snapshot: SnapshotSettings = SnapshotSettings()
+    storage: StorageSettings | None = None  # set exactly when the lake is s3a:// (defaults: AWS S3)
 
     def source(self, name: str) -> SourceConfig:
         try:
@@ -190,7 +196,9 @@ class Config:
             raise ConfigError(f"unknown source {name!r}: the config defines {known}") from None
 
 
-_TOP_KEYS = {"lake", "spark", "sources", "extract", "snapshot"}
+_TOP_KEYS = {"lake", "spark", "sources", "extract", "snapshot", "storage"}
+_STORAGE_KEYS = {"endpoint", "region", "path_style"}
+_SECRET_WORDS = ("key", "secret", "password", "token", "credential")
 _SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit", "server"}
 _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_mb"}
 _SNAPSHOT_KEYS = {"workers", "part_pages"}
@@ -409,6 +417,39 @@ def _parse_schema_changes(raw: Any, where: str) -> SchemaChanges:
     return SchemaChanges(**{k: raw[k] for k in _SCHEMA_CHANGES_MODES if k in raw})
 
 
+def _parse_storage(raw: Any, lake: str) -> StorageSettings | None:
+    """`storage: {endpoint, region, path_style}` for an s3a lake; refused for any other lake, and any key that
+    would hold a credential is refused (credentials come from the environment only)."""
+    if raw is None:
+        return StorageSettings() if is_s3(lake) else None
+    if not is_s3(lake):
+        raise ConfigError(f"storage: only for a lake on S3 (lake: s3a://bucket/prefix), but lake is {lake}; "
+                          "remove storage: or set lake to an s3a:// URI")
+    if not isinstance(raw, Mapping):
+        raise ConfigError("storage: must be a mapping, e.g. {endpoint: http://127.0.0.1:9000, region: us-east-1, "
+                          "path_style: true}")
+    for k in raw:
+        if any(w in str(k).lower() for w in _SECRET_WORDS):
+            raise ConfigError(f"storage.{k}: credentials are never read from the config; remove it and set "
+                              f"{ACCESS_KEY_ENV} / {SECRET_KEY_ENV} in the environment")
+    _unknown(set(map(str, raw)), _STORAGE_KEYS, "storage")
+    endpoint = raw.get("endpoint")
+    if endpoint is not None:
+        endpoint = expand_env(str(endpoint).strip(), "storage.endpoint")
+        if not re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", endpoint):
+            raise ConfigError(f"storage.endpoint: {endpoint!r} must be http(s)://host[:port] of an S3-compatible "
+                              "store, or left out for AWS S3")
+        endpoint = endpoint.rstrip("/")
+    region = raw.get("region")
+    if region is not None and (not isinstance(region, str) or not re.fullmatch(r"[a-z0-9-]{1,40}", region)):
+        raise ConfigError(f"storage.region: {region!r} must be a region name such as us-east-1")
+    path_style = raw.get("path_style", False)
+    if not isinstance(path_style, bool):
+        raise ConfigError(f"storage.path_style: {path_style!r} must be true (http://host/bucket/key, most "
+                          "S3-compatible stores) or false (virtual-hosted buckets, AWS S3)")
+    return StorageSettings(endpoint=endpoint or None, region=region, path_style=path_style)
+
+
 def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = None) -> Config:
     """Validate a parsed YAML document. Relative lake paths are taken from `base_dir` (the config's folder)."""
     if not isinstance(raw, Mapping):
@@ -421,6 +462,13 @@ def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = No
     if "://" not in lake:
         base = Path(base_dir) if base_dir else Path.cwd()
         lake = str((base / lake).resolve())
+    elif not (is_s3(lake) or lake.startswith("file://")):
+        raise ConfigError(f"lake: {lake!r}: a local path or s3a://bucket/prefix (for S3 and S3-compatible stores "
+                          "use the s3a:// scheme)")
+    elif is_s3(lake) and not re.fullmatch(r"s3a://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^\s]*)?", lake):
+        raise ConfigError(f"lake: {lake!r} is not s3a://bucket/prefix (a bucket name: lower-case letters, digits, "
+                          "dots and hyphens, 3-63)")
+    storage = _parse_storage(raw.get("storage"), lake)
     spark_raw = raw.get("spark") or {}
     if not isinstance(spark_raw, Mapping):
         raise ConfigError("spark: must be a mapping, e.g. {master: \"local[*]\", conf: {}}")
@@ -462,7 +510,10 @@ def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = No
     slots = [s.slot for s in sources.values()]
     if len(set(slots)) != len(slots):
         raise ConfigError("sources: two sources use the same slot; each source needs its own slot")
-    return Config(lake=lake, spark=spark, extract=extract, sources=sources, path=path, snapshot=snapshot)
+    if storage is not None:
+        configure(storage)  # this process's s3a paths use these settings (slotlake.storage.configure says why)
+    return Config(lake=lake, spark=spark, extract=extract, sources=sources, path=path, snapshot=snapshot,
+                  storage=storage)
 
 
 def load_config(path: str | None = None) -> Config:

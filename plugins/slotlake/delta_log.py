@@ -6,6 +6,7 @@ operation metrics and the `userMetadata` slotlake writes with every decode and m
 files `_delta_log/<version>.json`, so a few small file reads answer the question in milliseconds, where a Spark
 session would take seconds. Table *data* is never read here (that needs a full log replay: use Spark); the one
 table-level fact read here is the table's properties (`table_properties`: the newest `metaData` action).
+The log's files are read through slotlake.storage: on a local lake and on an s3a:// lake alike (a few GETs).
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from slotlake import storage
 from slotlake.contracts import CommitMeta
-from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths, name_of_segment
 from slotlake.names import TableName
 
@@ -50,27 +51,40 @@ class DeltaCommit:
 
 
 def local_path(path: str) -> Path:
-    """A lake path as a local Path; lakes on object stores (s3a://, abfss://) need Spark to be read."""
-    if path.startswith("file://"):
-        return Path(path[len("file://"):])
-    if "://" in path:
-        raise SlotlakeError(f"{path}: reading Delta logs without Spark supports local lakes only")
-    return Path(path)
+    """A local lake path as a Path (`storage.local_path`)."""
+    return storage.local_path(path)
 
 
 def readable(path: str) -> bool:
-    """True when `path` is on the local filesystem (where this module can read the log)."""
-    return path.startswith("file://") or "://" not in path
+    """True when this module can read the log at `path`: a local lake or an s3a:// one (through slotlake.storage)."""
+    return storage.supported(path)
+
+
+def _log_dir(table_path: str) -> str:
+    return storage.join(table_path, "_delta_log")
+
+
+def _read_text(path: str) -> str | None:
+    """A log file's text; None when it is gone (log cleanup)."""
+    try:
+        return storage.files_for(path).read_bytes(path).decode("utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def _log_names(table_path: str) -> list[str]:
+    """The names in the table's `_delta_log` ([] when there is none)."""
+    log_dir = _log_dir(table_path)
+    return storage.files_for(log_dir).list_names(log_dir)
 
 
 def is_delta_table(path: str) -> bool:
-    return (local_path(path) / "_delta_log").is_dir()
+    return "_delta_log" in storage.files_for(path).list_names(path)
 
 
 def has_commits(path: str) -> bool:
     """True when the log holds a commit or a checkpoint (a bare `_delta_log` folder is no table yet)."""
-    log_dir = local_path(path) / "_delta_log"
-    return log_dir.is_dir() and any(_COMMIT_FILE.match(p.name) or ".checkpoint" in p.name for p in log_dir.iterdir())
+    return any(_COMMIT_FILE.match(n) or ".checkpoint" in n for n in _log_names(path))
 
 
 def _parse_commit(version: int, text: str) -> DeltaCommit:
@@ -99,15 +113,12 @@ def _parse_commit(version: int, text: str) -> DeltaCommit:
 
 def commits(table_path: str, *, newest_first: bool = True) -> Iterator[DeltaCommit]:
     """The table's commits that still have a JSON file (log cleanup removes old ones after checkpoints)."""
-    log_dir = local_path(table_path) / "_delta_log"
-    if not log_dir.is_dir():
-        return
-    versions = sorted((int(m.group(1)) for m in map(_COMMIT_FILE.match, (p.name for p in log_dir.iterdir())) if m),
+    log_dir = _log_dir(table_path)
+    versions = sorted((int(m.group(1)) for m in map(_COMMIT_FILE.match, _log_names(table_path)) if m),
                       reverse=newest_first)
     for v in versions:
-        try:
-            text = (log_dir / f"{v:020d}.json").read_text()
-        except FileNotFoundError:
+        text = _read_text(storage.join(log_dir, f"{v:020d}.json"))
+        if text is None:
             continue  # removed by log cleanup while we listed
         yield _parse_commit(v, text)
 
@@ -123,30 +134,30 @@ def latest_slotlake_commit(table_path: str, stage: str | None = None) -> DeltaCo
 def gold_tables(source_root: str) -> list[TableName]:
     """Every gold Delta table under `<lake>/<source>/gold/`, sorted; folder names decoded (`LakePaths.gold`).
     Folders slotlake would not have named so are skipped with a warning."""
-    gold = local_path(LakePaths(source_root).gold_root)
-    if not gold.is_dir():
-        return []
+    gold = LakePaths(source_root).gold_root
+    files = storage.files_for(gold)
     out = []
-    for t in gold.glob("*/*"):
-        if not (t / "_delta_log").is_dir():
-            continue
-        schema, table = name_of_segment(t.parent.name), name_of_segment(t.name)
-        if schema is None or table is None:
-            log.warning("%s: not a gold table folder slotlake writes (names are encoded, see slotlake.lake); "
-                        "skipped", t)
-            continue
-        out.append(TableName(schema, table))
+    for schema_dir in files.list_names(gold):
+        for table_dir in files.list_names(storage.join(gold, schema_dir)):
+            t = storage.join(gold, schema_dir, table_dir)
+            if not is_delta_table(t):
+                continue
+            schema, table = name_of_segment(schema_dir), name_of_segment(table_dir)
+            if schema is None or table is None:
+                log.warning("%s: not a gold table folder slotlake writes (names are encoded, see slotlake.lake); "
+                            "skipped", t)
+                continue
+            out.append(TableName(schema, table))
     return sorted(out)
 
 
 def schema_at(table_path: str, version: int) -> dict | None:
     """The table's schema (the parsed `schemaString` of the newest metaData action) as of `version`; None when the
     JSON commits do not say (log cleanup left only a checkpoint for it): ask Spark."""
-    log_dir = local_path(table_path) / "_delta_log"
+    log_dir = _log_dir(table_path)
     for v in range(version, -1, -1):
-        try:
-            text = (log_dir / f"{v:020d}.json").read_text()
-        except FileNotFoundError:
+        text = _read_text(storage.join(log_dir, f"{v:020d}.json"))
+        if text is None:
             return None
         for line in text.splitlines():
             if line.startswith('{"metaData"'):
@@ -161,31 +172,33 @@ def table_properties(table_path: str) -> dict[str, str] | None:
     Reads the JSON commits after the newest classic checkpoint, newest first, then that checkpoint's `metaData`
     column: at most a checkpoint interval of small files, however long the history.
     """
-    log_dir = local_path(table_path) / "_delta_log"
-    if not log_dir.is_dir():
+    log_dir = _log_dir(table_path)
+    names = _log_names(table_path)
+    if not names:
         return None
     commits_: list[int] = []
-    checkpoints: dict[int, list[Path]] = {}
-    for entry in log_dir.iterdir():
-        if m := _COMMIT_FILE.match(entry.name):
+    checkpoints: dict[int, list[str]] = {}
+    for name in names:
+        if m := _COMMIT_FILE.match(name):
             commits_.append(int(m.group(1)))
-        elif m := _CHECKPOINT_FILE.match(entry.name):
-            checkpoints.setdefault(int(m.group(1)), []).append(entry)
+        elif m := _CHECKPOINT_FILE.match(name):
+            checkpoints.setdefault(int(m.group(1)), []).append(storage.join(log_dir, name))
     newest_checkpoint = max(checkpoints, default=-1)
     for v in sorted((v for v in commits_ if v > newest_checkpoint), reverse=True):
-        try:
-            text = (log_dir / f"{v:020d}.json").read_text()
-        except FileNotFoundError:
+        text = _read_text(storage.join(log_dir, f"{v:020d}.json"))
+        if text is None:
             return None  # log cleanup while we read: let Spark answer
         for line in text.splitlines():
             if line.startswith('{"metaData"'):
                 return dict(json.loads(line)["metaData"].get("configuration") or {})
     if newest_checkpoint < 0:
         return None if 0 not in commits_ else {}
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     for part in checkpoints[newest_checkpoint]:
-        for meta in pq.read_table(part, columns=["metaData"]).column("metaData").to_pylist():
+        data = storage.files_for(part).read_bytes(part)
+        for meta in pq.read_table(pa.BufferReader(data), columns=["metaData"]).column("metaData").to_pylist():
             if meta is not None:
                 conf = meta.get("configuration") or {}
                 return dict(conf) if not isinstance(conf, dict) else conf  # a Parquet map comes as (key, value) pairs

@@ -15,7 +15,7 @@ A sync with nothing new should not pay a JVM start. Every stage records how far 
 
 `merged_end` rather than each gold table's watermark: a table without changes in a run keeps its older watermark,
 so only the run as a whole says that every table is at silver's end. Anything this module cannot read (a lake on
-an object store, a log written by an older slotlake) counts as due: Spark then decides, as before.
+an object store other than S3, a log written by an older slotlake) counts as due: Spark then decides, as before.
 """
 from __future__ import annotations
 
@@ -95,7 +95,8 @@ def pending_work(w: LakeWatermarks) -> PendingWork:
 
 
 def read_watermarks(cfg: Config, source_name: str) -> LakeWatermarks | None:
-    """The watermarks of a local lake (None for a lake on an object store: its logs need Spark)."""
+    """The watermarks of the lake, read from its Delta logs and files without a JVM, on a local or an s3a lake
+    (None for another scheme: its logs need Spark)."""
     from slotlake import bronze
     from slotlake.names import TableName
     from slotlake.source.catalog_read import list_bootstrap
@@ -130,5 +131,5 @@ def pending_after_extract(cfg: Config, source_name: str) -> PendingWork:
     """What the Spark apps must do after this run's extract (everything, when the lake cannot be read here)."""
     w = read_watermarks(cfg, source_name)
     if w is None:
-        return PendingWork("the lake is not local: its Delta logs are read by Spark", None)
+        return PendingWork("the lake is neither local nor s3a: its Delta logs are read by Spark", None)
     return pending_work(w)

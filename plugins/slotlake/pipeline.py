@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from slotlake import delta_log
+from slotlake import delta_log, storage
 from slotlake.config import Config
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
@@ -66,9 +66,9 @@ class SyncReport:
     archived_files: int
     archived_changes: int  # pgoutput messages written to bronze by this run's extract
     archived_bytes: int
-    decoded_changes: int | None  # rows appended to silver/changes by this run's decode (None: lake not local)
+    decoded_changes: int | None  # rows appended to silver/changes by this run's decode (None: lake unreadable here)
     merged: tuple[TableMerge, ...]
-    quarantined: int | None  # values this run put in _quarantine instead of gold (None: lake not local)
+    quarantined: int | None  # values this run put in _quarantine instead of gold (None: lake unreadable here)
     end_lsn: str | None  # the slot's confirmed position after extract
     slot_lag_bytes: int | None  # WAL the slot still holds back after the run
     wal_status: str | None
@@ -113,6 +113,8 @@ def task_preflight(cfg: Config, source_name: str) -> dict[str, Any]:
     from slotlake.source.lock import source_lock
     from slotlake.source.preflight import run_preflight
 
+    if cfg.storage is not None:
+        storage.credentials()  # an s3a lake without AWS_* credentials: one line, before touching the database
     with source_lock(cfg.source(source_name), "preflight"):
         report = run_preflight(cfg, cfg.source(source_name))
     return plain(report)
@@ -185,15 +187,15 @@ def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) ->
     decoded: int | None = None
     quarantined: int | None = None
     merged = []
-    local = delta_log.readable(paths.root)
-    if local:
+    readable = delta_log.readable(paths.root)
+    if readable:
         decoded = sum(c.metrics.get("numOutputRows", 0) for c in delta_log.commits(paths.changes)
                       if c.version > before.get("changes", -1))
         quarantined = sum(c.metrics.get("numOutputRows", 0) for c in delta_log.commits(paths.quarantine)
                           if c.version > before.get("quarantine", -1))
-    else:  # the Delta logs of an object-store lake need Spark; the Spark apps' own logs carry these counts
-        log.info("lake %s is not local: the report leaves out the per-table counts", paths.root)
-    for schema, table in delta_log.gold_tables(paths.root) if local else ():
+    else:  # a scheme slotlake.storage cannot read: the Spark apps' own logs carry these counts
+        log.info("lake %s cannot be read without Spark: the report leaves out the per-table counts", paths.root)
+    for schema, table in delta_log.gold_tables(paths.root) if readable else ():
         name = str(TableName(schema, table))
         t = _table_merge(paths.gold(schema, table), name, since_gold.get(name, -1))
         if t.inserted or t.updated or t.deleted or since_gold.get(name, -1) < (t.gold_version or -1):

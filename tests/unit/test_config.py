@@ -291,3 +291,49 @@ def test_schema_changes_default_to_rewrite_and_delta_features_are_opt_in():
     assert cfg.source("crm").schema_changes == SchemaChanges()
     cfg = parse_config(with_change("sources.shop.schema_changes", {"rename": "column_mapping"}))
     assert cfg.source("shop").schema_changes == SchemaChanges("rewrite", "column_mapping")
+
+
+S3 = {**GOOD, "lake": "s3a://lake-bucket/slotlake",
+      "storage": {"endpoint": "http://127.0.0.1:9000", "region": "us-east-1", "path_style": True}}
+
+
+def test_s3_lake_with_storage():
+    from slotlake.storage import StorageSettings
+
+    cfg = parse_config(S3)
+    assert cfg.lake == "s3a://lake-bucket/slotlake"
+    assert cfg.storage == StorageSettings(endpoint="http://127.0.0.1:9000", region="us-east-1", path_style=True)
+    # An s3a lake without storage: AWS S3 with the SDKs' defaults; a local lake has none.
+    assert parse_config({**S3, "storage": None}).storage == StorageSettings()
+    assert parse_config(GOOD).storage is None
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"lake": "./lake"}, r"^storage: only for a lake on S3 \(lake: s3a://bucket/prefix\), but lake is /.*; remove "
+                         r"storage: or set lake to an s3a:// URI$"),
+    ({"storage": {"access_key": "AKIA"}}, r"^storage\.access_key: credentials are never read from the config; "
+                                          r"remove it and set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY in the "
+                                          r"environment$"),
+    ({"storage": {"secret_access_key": "x"}}, r"^storage\.secret_access_key: credentials are never read"),
+    ({"storage": {"password": "x"}}, r"^storage\.password: credentials are never read"),
+    ({"storage": {"endpoit": "http://h:1"}}, r"^storage\.endpoit: unknown key; did you mean 'endpoint'\?$"),
+    ({"storage": {"endpoint": "127.0.0.1:9000"}}, r"^storage\.endpoint: '127\.0\.0\.1:9000' must be http\(s\)://"),
+    ({"storage": {"path_style": "yes"}}, r"^storage\.path_style: 'yes' must be true"),
+    ({"storage": {"region": "US East"}}, r"^storage\.region: 'US East' must be a region name"),
+    ({"storage": "http://h:1"}, r"^storage: must be a mapping"),
+    ({"lake": "s3://bucket/x", "storage": None}, r"^lake: 's3://bucket/x': a local path or s3a://bucket/prefix"),
+    ({"lake": "s3a://Bad_Bucket/x", "storage": None}, r"^lake: 's3a://Bad_Bucket/x' is not s3a://bucket/prefix"),
+])
+def test_s3_config_refusals(change, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config({**S3, **change})
+
+
+def test_credentials_in_storage_are_refused_before_anything_else(tmp_path):
+    """The refusal is one line and does not echo the value."""
+    path = tmp_path / "c.yaml"
+    path.write_text("lake: s3a://b-1/x\nstorage: {secret_key: hunter2}\nsources: {s: {dsn: 'postgresql://u@h/d'}}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(path))
+    assert "hunter2" not in str(e.value) and "\n" not in str(e.value)
+    assert "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY" in str(e.value)

@@ -106,9 +106,11 @@ def test_delta_commits_newest_first_with_slotlake_metadata(tmp_path):
     assert list(delta_log.commits(str(tmp_path / "missing"))) == []
 
 
-def test_delta_log_refuses_object_store_paths():
-    with pytest.raises(Exception, match="local lakes only"):
-        delta_log.local_path("s3a://bucket/lake")
+def test_delta_log_reads_local_and_s3a_lakes_only():
+    assert delta_log.readable("/lake") and delta_log.readable("file:///lake") and delta_log.readable("s3a://b/lake")
+    assert not delta_log.readable("abfss://c@a.dfs.core.windows.net/lake")
+    with pytest.raises(Exception, match="the lake must be a local path or s3a://bucket/prefix"):
+        delta_log.local_path("abfss://c@a.dfs.core.windows.net/lake")
 
 
 def test_plain_makes_lsns_text_and_tuples_lists():

@@ -1,13 +1,11 @@
 """Table names as PostgreSQL reads them, and their folders in the lake (slotlake.names, slotlake.lake)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from slotlake import delta_log
 from slotlake.config import parse_config
-from slotlake.errors import ConfigError, MergeError, SlotlakeError
+from slotlake.errors import ConfigError, MergeError
 from slotlake.lake import LakePaths, name_of_segment, path_segment
 from slotlake.merge.plan import needs_column_mapping, parse_tables
 from slotlake.names import TableName
@@ -149,9 +147,8 @@ def test_every_lake_path_comes_from_lake_paths():
     one, two = paths.scratch("replay"), paths.scratch("replay")
     assert one.startswith("s3a://bucket/lake/shop/_replay/") and one != two
     assert copy_folder("public.orders") == "public.orders"
-    assert snapshot_dir("/lake/shop/") == Path("/lake/shop/bronze/snapshot")
-    with pytest.raises(SlotlakeError, match="local filesystem"):
-        snapshot_dir(paths.root)
+    assert snapshot_dir("/lake/shop/") == "/lake/shop/bronze/snapshot"
+    assert snapshot_dir(paths.root) == paths.snapshots  # on S3 too: read and written through slotlake.storage
 
 
 def test_gold_tables_decodes_folder_names(tmp_path):

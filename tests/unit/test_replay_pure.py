@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -68,7 +69,7 @@ def test_files_for_range():
 
 def test_list_bootstrap_reads_placed_files_only(tmp_path):
     root = str(tmp_path / "shop")
-    folder = bootstrap_dir(root)
+    folder = Path(bootstrap_dir(root))
     folder.mkdir(parents=True)
     table = {"oid": 1, "schema": "public", "name": "t", "kind": "r", "replica_identity": "d",
              "columns": [{"attnum": 1, "name": "id", "type_oid": 23, "type_name": "integer", "typmod": -1,

@@ -98,9 +98,14 @@ def test_coverage_markers_extend_bronze_but_not_its_files(tmp_path):
     assert bronze.covered_lsn(root) == Lsn(0x70)
 
 
-def test_bronze_must_be_local():
-    with pytest.raises(ExtractError, match="local filesystem"):
+def test_bronze_of_an_s3a_lake_goes_through_storage():
+    with pytest.raises(ExtractError, match="not on the local filesystem; the lake's files on S3 are read and written "
+                                           "through slotlake.storage"):
         bronze.bronze_dir("s3a://bucket/lake/shop")
+    assert bronze.bronze_path("s3a://bucket/lake/shop") == "s3a://bucket/lake/shop/bronze"
+    # An s3a lake's files are written to a local scratch folder first, one per source lake.
+    assert bronze.tmp_path("s3a://bucket/lake/shop", Lsn(1)).parent == bronze.scratch_dir("s3a://bucket/lake/shop")
+    assert bronze.scratch_dir("s3a://bucket/lake/shop") != bronze.scratch_dir("s3a://bucket/lake/crm")
 
 
 def _batch(frames: list[tuple[int, bytes]]) -> pa.RecordBatch:

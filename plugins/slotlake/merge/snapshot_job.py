@@ -70,7 +70,7 @@ def _property_doc(copy: TableCopy) -> dict:
 def _gold_property(spark: SparkSession, gold: str) -> dict | None:
     from delta.tables import DeltaTable
 
-    if delta_log.readable(gold):  # a local lake: read the log's metaData, no Spark job (one per table and run)
+    if delta_log.readable(gold):  # a local or s3a lake: read the log's metaData, no Spark job (one per table and run)
         if not delta_log.is_delta_table(gold):
             return None
         local = delta_log.table_properties(gold)
@@ -161,7 +161,5 @@ def load_snapshots(spark: SparkSession, cfg: Config, source: str,
     default: the configured tables, else every table with a copy). Re-running loads nothing twice."""
     paths = LakePaths.of(cfg.lake, source)
     src = cfg.source(source)
-    if "://" in paths.root and not paths.root.startswith("file://"):
-        return []  # copies live in bronze, which is local only: a lake on an object store holds none
     names = [str(TableName.parse(t)) for t in tables] if tables else load_candidates(paths.root, src)
     return [load_table(spark, cfg, source, c) for c in pending_loads(paths.root, names)]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from slotlake import storage
 from slotlake.config import Config
 from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths
@@ -120,11 +121,6 @@ def _utc(ts: datetime) -> datetime:
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
-def delta_rs_uri(path: str) -> str:
-    """A lake path as delta-rs names it (`s3a://` is Hadoop's scheme for what delta-rs calls `s3://`)."""
-    return "s3://" + path[len("s3a://"):] if path.startswith("s3a://") else path
-
-
 def open_silver(cfg: Config, source: str):
     """The source's silver changes as a delta-rs DeltaTable; TransactionsError when there is none yet."""
     from deltalake import DeltaTable
@@ -132,7 +128,8 @@ def open_silver(cfg: Config, source: str):
 
     path = LakePaths.of(cfg.lake, source).changes
     try:
-        return DeltaTable(delta_rs_uri(path))
+        uri, options = storage.delta_rs_table_args(path)
+        return DeltaTable(uri, storage_options=options)
     except TableNotFoundError:
         raise TransactionsError(f"{source}: nothing is decoded yet ({path}); run `slotlake sync {source}` "
                                 "first") from None

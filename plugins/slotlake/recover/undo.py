@@ -375,10 +375,11 @@ def catalog_types(cfg: Config, source: str, rel_oid: int, at: Lsn) -> dict[str, 
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    from slotlake.recover.transactions import delta_rs_uri
+    from slotlake import storage
 
+    uri, options = storage.delta_rs_table_args(LakePaths.of(cfg.lake, source).catalog)
     try:
-        cat = DeltaTable(delta_rs_uri(LakePaths.of(cfg.lake, source).catalog)).to_pyarrow_dataset()
+        cat = DeltaTable(uri, storage_options=options).to_pyarrow_dataset()
     except TableNotFoundError:
         return {}
     rows = cat.to_table(columns=["version", "valid_from_lsn", "columns"],
@@ -484,7 +485,7 @@ def undo(cfg: Config, source: str, xid: int | None = None, commit_lsn: str | Non
         raise UndoError(f"--commit-lsn {commit_lsn!r} is not an LSN (like 16/B374D848)") from None
     ref, touched = find_transaction(cfg, source, xid, lsn)
     ours = spark is None and SparkSession.getActiveSession() is None
-    spark = spark or get_spark("slotlake-undo", cfg.spark.master, cfg.spark.conf)
+    spark = spark or get_spark("slotlake-undo", cfg.spark.master, cfg.spark.conf, storage=cfg.storage)
     scratch = LakePaths.of(cfg.lake, source).scratch("undo")
     try:
         tables = tuple(_table_undo(spark, cfg, ref, t, scratch) for t in touched)

@@ -14,14 +14,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from slotlake.bronze import bronze_dir
+from slotlake import storage
+from slotlake.bronze import bronze_path
 from slotlake.errors import DecodeError, PreflightError, SlotlakeError
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
@@ -125,42 +124,30 @@ class BootstrapCatalog:
     generated_published: bool = False  # the publication sent stored generated columns when the slot was created
 
 
-def bootstrap_dir(lake_root: str) -> Path:
-    """`<lake>/<source>/bronze/catalog` (`lake_root` = `<lake>/<source>`, as in slotlake.bronze)."""
-    return bronze_dir(lake_root) / BOOTSTRAP_DIR
+def bootstrap_dir(lake_root: str) -> str:
+    """`<lake>/<source>/bronze/catalog` (`lake_root` = `<lake>/<source>`, as in slotlake.bronze), local or s3a://."""
+    return storage.join(bronze_path(lake_root), BOOTSTRAP_DIR)
 
 
 def archive_bootstrap(conn: psycopg.Connection, lake_root: str, tables: list[str] | None, lsn: Lsn, *,
-                      generated_published: bool = False) -> Path:
+                      generated_published: bool = False) -> str:
     """Read the definitions of `tables` (None: every user table) and archive them as valid from `lsn`.
 
     Call it at slot creation, inside the transaction that imported the slot's exported snapshot, with
     `lsn` = the slot's consistent point: the definitions then are exactly those in force at `lsn`. The decode
     job turns the file into `_catalog` versions with origin `bootstrap` (docs/internals.md "Catalog").
-    `lake_root` is the source's root, `<lake>/<source>`. The file is placed atomically (written to a hidden
-    `.tmp`, fsynced, renamed, folder fsynced) like a bronze file, so the decode never reads a partial one;
-    calling it again for the same `lsn` replaces the file with the same content. Returns the file's path.
+    `lake_root` is the source's root, `<lake>/<source>`. The file is placed atomically (`Files.write_replace`: a
+    hidden `.tmp`, fsynced, renamed, folder fsynced; on S3 one PUT) like a bronze file, so the decode never reads a
+    partial one; calling it again for the same `lsn` replaces the file with the same content. Returns the file's path.
     `generated_published` (whether the publication sends stored generated columns) is kept with the file: it
     holds for the slot's life (preflight refuses a publication whose setting changed), and tells which columns
     the definitions of this slot, including later DDL events, put in Relation-message order.
     """
     rows = _read(conn, tables)
-    folder = bootstrap_dir(lake_root)
-    folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"{lsn.hex16}.json"
-    tmp = folder / f".{final.name}.tmp"
+    final = storage.join(bootstrap_dir(lake_root), f"{lsn.hex16}.json")
     doc = {"format": BOOTSTRAP_FORMAT, "lsn": str(lsn), "read_at": datetime.now(UTC).isoformat(),
            "publish_generated_columns": generated_published, "tables": [obj for _, obj in rows]}
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    storage.files_for(final).write_replace(final, json.dumps(doc, sort_keys=True).encode("utf-8"))
     log.info("archived the definitions of %d table(s) valid from %s in %s", len(rows), lsn, final)
     return final
 
@@ -168,25 +155,25 @@ def archive_bootstrap(conn: psycopg.Connection, lake_root: str, tables: list[str
 def list_bootstrap(lake_root: str) -> list[BootstrapCatalog]:
     """Every archived bootstrap read of the source, oldest first (hidden `.tmp` files ignored). Pure file I/O."""
     folder = bootstrap_dir(lake_root)
-    if not folder.is_dir():
-        return []
+    files = storage.files_for(folder)
     out = []
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if not _BOOTSTRAP_NAME.match(entry.name):
+    for name in files.list_names(folder):
+        if not _BOOTSTRAP_NAME.match(name):
             continue
-        where = f"bootstrap catalog {entry.path}"
+        path = storage.join(folder, name)
+        where = f"bootstrap catalog {path}"
         try:
-            doc = json.loads(Path(entry.path).read_text(encoding="utf-8"))
+            doc = json.loads(files.read_bytes(path).decode("utf-8"))
         except (OSError, ValueError) as e:
             raise DecodeError(f"{where} is unreadable ({e}); restore it from a backup or delete it (the catalog "
                               "then starts at the first Relation message of each table)") from None
         if not isinstance(doc, dict) or doc.get("format") != BOOTSTRAP_FORMAT or "lsn" not in doc:
             raise DecodeError(f"{where} is not a format {BOOTSTRAP_FORMAT} bootstrap file; upgrade slotlake")
         lsn = Lsn.parse(doc["lsn"])
-        if lsn.hex16 != entry.name[:16]:
+        if lsn.hex16 != name[:16]:
             raise DecodeError(f"{where}: its lsn {lsn} does not match its name")
         published = doc.get("publish_generated_columns") is True  # absent in files written before PostgreSQL 18
-        out.append(BootstrapCatalog(lsn=lsn, path=entry.path, generated_published=published, tables=tuple(
+        out.append(BootstrapCatalog(lsn=lsn, path=path, generated_published=published, tables=tuple(
             replace(table_def_from_json(t, f"{where} tables[{i}]"), generated_published=published)
             for i, t in enumerate(doc.get("tables") or []))))
     return out

@@ -3,18 +3,16 @@ table's copies with their manifests (docs/internals.md "Snapshot"; the copy itse
 
 Files under `<lake>/<source>/bronze/snapshot/`: `_generations/<C>.json`, `_publications/<publication>.json`, and
 `<schema>.<table>/<copy id>/manifest.json` beside the copy's `part-NNNNN.parquet` files. Every record is written
-atomically (a temporary file, fsync, rename, fsync of the folder).
+atomically (locally a temporary file, fsync, rename, fsync of the folder; on S3 one PUT), through slotlake.storage.
 """
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from slotlake import bronze
+from slotlake import storage
 from slotlake.config import SourceConfig
 from slotlake.errors import PreflightError
 from slotlake.lake import LakePaths, name_of_segment, path_segment
@@ -101,9 +99,9 @@ class TableCopy:
 
 # ---- lake layout ------------------------------------------------------------------------------------------------
 
-def snapshot_dir(lake_root: str) -> Path:
-    """`<lake>/<source>/bronze/snapshot` (local filesystem, like bronze)."""
-    return bronze.local_dir(LakePaths(lake_root.rstrip("/")).snapshots)
+def snapshot_dir(lake_root: str) -> str:
+    """`<lake>/<source>/bronze/snapshot` (a local path or s3a://, read and written through slotlake.storage)."""
+    return LakePaths(lake_root.rstrip("/")).snapshots
 
 
 def copy_folder(table: str) -> str:
@@ -119,33 +117,37 @@ def table_of_copy_folder(folder: str) -> str | None:
     return str(TableName(parts[0], parts[1])) if parts[0] and parts[1] else None
 
 
-def copy_dir(lake_root: str, table: str, copy_id: str) -> Path:
-    return snapshot_dir(lake_root) / copy_folder(table) / copy_id
+def copy_dir(lake_root: str, table: str, copy_id: str) -> str:
+    return storage.join(snapshot_dir(lake_root), copy_folder(table), copy_id)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+def write_atomic(path: str, text: str) -> None:
+    """Create or replace the record `path` atomically and durably (`Files.write_replace`)."""
+    storage.files_for(path).write_replace(path, text.encode("utf-8"))
+
+
+def _read_text(path: str) -> str | None:
+    """The record at `path`, None when it does not exist."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        return storage.files_for(path).read_bytes(path).decode("utf-8")
+    except FileNotFoundError:
+        return None
+
+
+def _json_names(folder: str) -> list[str]:
+    """The placed `*.json` records in `folder` (hidden temporary files left out), sorted."""
+    return [n for n in storage.files_for(folder).list_names(folder) if n.endswith(".json") and not n.startswith(".")]
 
 
 def generations(lake_root: str) -> list[Generation]:
     """Recorded slot generations, oldest first."""
-    folder = snapshot_dir(lake_root) / GENERATIONS
-    if not folder.is_dir():
-        return []
+    folder = storage.join(snapshot_dir(lake_root), GENERATIONS)
     out = []
-    for p in sorted(folder.glob("*.json")):
-        doc = json.loads(p.read_text(encoding="utf-8"))
+    for name in _json_names(folder):
+        text = _read_text(storage.join(folder, name))
+        if text is None:
+            continue
+        doc = json.loads(text)
         out.append(Generation(slot=doc["slot"], consistent_point=Lsn.parse(doc["consistent_point"]),
                               reason=doc["reason"], created_at=doc["created_at"],
                               archived_to=Lsn.parse(doc["archived_to"]) if doc.get("archived_to") else None))
@@ -158,14 +160,14 @@ def current_generation(lake_root: str) -> Generation | None:
 
 
 def record_generation(lake_root: str, gen: Generation) -> None:
-    path = snapshot_dir(lake_root) / GENERATIONS / f"{gen.consistent_point.hex16}.json"
+    path = storage.join(snapshot_dir(lake_root), GENERATIONS, f"{gen.consistent_point.hex16}.json")
     write_atomic(path, json.dumps({"slot": gen.slot, "consistent_point": str(gen.consistent_point),
                                     "reason": gen.reason, "created_at": gen.created_at,
                                     "archived_to": str(gen.archived_to) if gen.archived_to else None}, indent=1))
 
 
-def publication_record(lake_root: str, publication: str) -> Path:
-    return snapshot_dir(lake_root) / PUBLICATIONS / f"{publication}.json"
+def publication_record(lake_root: str, publication: str) -> str:
+    return storage.join(snapshot_dir(lake_root), PUBLICATIONS, f"{publication}.json")
 
 
 def publication_start(lake_root: str, slot: str, publication: str) -> Lsn | None:
@@ -175,10 +177,10 @@ def publication_start(lake_root: str, slot: str, publication: str) -> Lsn | None
     PostgreSQL 17 pgoutput stops with 'publication ... does not exist'. The extract reads up to this position
     without it (`record_publication_start` says why nothing is lost). Raises PreflightError while the record is
     unfinished (a preflight died while creating the publication; the next preflight finishes it)."""
-    path = publication_record(lake_root, publication)
-    if not path.is_file():
+    text = _read_text(publication_record(lake_root, publication))
+    if text is None:
         return None
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc = json.loads(text)
     if doc["slot"] != slot:
         return None
     if doc["from_lsn"] is None:
@@ -188,10 +190,10 @@ def publication_start(lake_root: str, slot: str, publication: str) -> Lsn | None
 
 
 def publication_pending(lake_root: str, slot: str, publication: str) -> bool:
-    path = publication_record(lake_root, publication)
-    if not path.is_file():
+    text = _read_text(publication_record(lake_root, publication))
+    if text is None:
         return False
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc = json.loads(text)
     return doc["slot"] == slot and doc["from_lsn"] is None
 
 
@@ -203,12 +205,12 @@ def mark_publication_pending(lake_root: str, slot: str, publication: str) -> Non
 
 def table_copies(lake_root: str, table: str) -> list[TableCopy]:
     """Every copy of `table` with a manifest, oldest first."""
-    folder = snapshot_dir(lake_root) / copy_folder(table)
-    if not folder.is_dir():
-        return []
+    folder = storage.join(snapshot_dir(lake_root), copy_folder(table))
     out = []
-    for m in sorted(folder.glob(f"*/{MANIFEST}")):
-        out.append(TableCopy.from_json(m.read_text(encoding="utf-8")))
+    for copy_id in storage.files_for(folder).list_names(folder):
+        text = _read_text(storage.join(folder, copy_id, MANIFEST))
+        if text is not None:
+            out.append(TableCopy.from_json(text))
     return out
 
 
@@ -221,16 +223,14 @@ def complete_copy(lake_root: str, table: str, generation: Generation) -> TableCo
 
 def part_paths(lake_root: str, copy: TableCopy) -> list[str]:
     folder = copy_dir(lake_root, copy.table, copy.copy_id)
-    return [str(folder / p["name"]) for p in sorted(copy.parts, key=lambda p: p["index"])]
+    return [storage.join(folder, p["name"]) for p in sorted(copy.parts, key=lambda p: p["index"])]
 
 
 def copied_tables(lake_root: str) -> list[str]:
     """Every table (canonical name) with a copy folder under bronze/snapshot/, sorted."""
     folder = snapshot_dir(lake_root)
-    if not folder.is_dir():
-        return []
-    names = (table_of_copy_folder(p.name) for p in folder.iterdir()
-             if p.is_dir() and p.name not in (GENERATIONS, PUBLICATIONS))
+    names = (table_of_copy_folder(name) for name in storage.files_for(folder).list_names(folder)
+             if name not in (GENERATIONS, PUBLICATIONS))
     return sorted(n for n in names if n is not None)
 
 

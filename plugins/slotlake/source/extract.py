@@ -7,7 +7,8 @@ One run:
      position, a previous run placed a file and died before advancing; advance the slot to bronze's end first.
   3. Per call: `pg_logical_slot_peek_binary_changes` read through ADBC (COPY binary into Arrow record batches,
      streamed, so a 10-million-row transaction passes with flat memory), written batch by batch to a Parquet
-     file, the end LSN taken from the last Commit frame, the file placed atomically, and only then the slot
+     file, the end LSN taken from the last Commit frame, the file placed atomically (on S3: one conditional PUT
+     of the finished local file, `bronze.place`), and only then the slot
      advanced to that end LSN (invariant 1: never past what is durable). A call that returned fewer rows than
      `upto_nchanges` decoded everything up to `upto_lsn`, so the slot goes straight there and the run ends; a
      run with nothing to archive moves the slot to `upto_lsn` too, so quiet publications never pin WAL. Before
@@ -287,8 +288,9 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
                     tmp.unlink(missing_ok=True)
                     raise ExtractError(f"extract {source.name}: the peek output at {position} does not end with a "
                                        "Commit (is streaming enabled on the slot?); nothing was archived or advanced")
-                placed = bronze.place(tmp, position, end)
-                size = os.path.getsize(placed.path)
+                size = os.path.getsize(tmp)
+                # Durable when this returns: fsync + rename locally, one conditional PUT on S3 (invariant 1).
+                placed = bronze.place(tmp, position, end, root)
                 if failpoints.active(FAILPOINT_AFTER_WRITE):
                     raise ExtractError(f"failpoint {FAILPOINT_AFTER_WRITE}: stopped after placing {placed.name} "
                                        "and before advancing the slot (test-only)")

@@ -55,7 +55,7 @@ def resync(cfg: Config, source: SourceConfig, *, workers: int | None = None,
             # recovery would advance the new slot to the old bronze end and skip real changes.
             raise SnapshotError(f"resync {source.name}: bronze holds files up to {archived}, past the server's WAL "
                                 f"position {now} (was the server restored from a backup?); move "
-                                f"{bronze.bronze_dir(root)} aside (keep it as history) and run resync again")
+                                f"{bronze.bronze_path(root)} aside (keep it as history) and run resync again")
         old = slot_info(conn, source.slot)
         dropped = False
         if old is not None:

@@ -37,7 +37,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -45,7 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from psycopg import sql
 
-from slotlake import bronze, failpoints
+from slotlake import bronze, failpoints, storage
 from slotlake.config import Config, SourceConfig
 from slotlake.errors import PreflightError, SlotLostError, SnapshotError
 from slotlake.lsn import Lsn
@@ -219,10 +218,17 @@ class _Progress:
     done: set[int] = field(default_factory=set)
 
 
-def _copy_part(bulk, copy: TableCopy, part: _Part, folder: Path) -> dict[str, Any]:
-    """Stream one part into `part-NNNNN.parquet` (temporary name, fsync, rename). Returns its manifest entry."""
+def _copy_part(bulk, copy: TableCopy, part: _Part, folder: str) -> dict[str, Any]:
+    """Stream one part into `part-NNNNN.parquet` (temporary name, fsync, rename; on S3 a local scratch file, then
+    one PUT). Returns its manifest entry. A part copied again (a retry) replaces the earlier file."""
     name = f"part-{part.index:05d}.parquet"
-    tmp = folder / f".{name}.tmp"
+    final = storage.join(folder, name)
+    if storage.is_s3(folder):
+        scratch = bronze.scratch_dir(folder)  # a local folder of this copy's own
+        scratch.mkdir(parents=True, exist_ok=True)
+        tmp = scratch / f".{name}.tmp"
+    else:
+        tmp = storage.local_path(folder) / f".{name}.tmp"
     rows = 0
     writer = None
     cur = bulk.cursor()
@@ -244,14 +250,8 @@ def _copy_part(bulk, copy: TableCopy, part: _Part, folder: Path) -> dict[str, An
         if writer is not None:
             writer.close()
         cur.close()
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    final = folder / name
-    os.rename(tmp, final)
-    return {"index": part.index, "name": name, "rows": rows, "bytes": os.path.getsize(final)}
+    size = storage.files_for(final).replace_file(final, str(tmp))
+    return {"index": part.index, "name": name, "rows": rows, "bytes": size}
 
 
 def _open_in_snapshot(source: SourceConfig, snapshot_name: str):
@@ -284,8 +284,10 @@ def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], s
     for c in copies:
         parts = plan_parts(c.table, pages[c.table], part_pages, partitioned=pages[c.table] < 0)
         c = replace(c, parts_total=len(parts))
-        copy_dir(lake_root, c.table, c.copy_id).mkdir(parents=True, exist_ok=True)
-        write_atomic(copy_dir(lake_root, c.table, c.copy_id) / MANIFEST, c.to_json())
+        folder = copy_dir(lake_root, c.table, c.copy_id)
+        if not storage.is_s3(folder):
+            storage.local_path(folder).mkdir(parents=True, exist_ok=True)
+        write_atomic(storage.join(folder, MANIFEST), c.to_json())
         progress[c.table] = _Progress(c, t0)
         todo += parts
     dsn = resolve_dsn(source)
@@ -347,7 +349,7 @@ def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], s
             pr.done.add(part.index)
             if len(pr.done) == pr.copy.parts_total:
                 pr.copy = replace(pr.copy, complete=True, finished_at=_now())
-            write_atomic(copy_dir(lake_root, table, pr.copy.copy_id) / MANIFEST, pr.copy.to_json())
+            write_atomic(storage.join(copy_dir(lake_root, table, pr.copy.copy_id), MANIFEST), pr.copy.to_json())
             recorded += 1
             secs = max(time.monotonic() - pr.started, 1e-9)
             pct = f"{100.0 * pr.rows / pr.copy.reltuples:.0f}% of reltuples" if pr.copy.reltuples > 0 else "n/a"
@@ -378,7 +380,7 @@ def copy_tables(lake_root: str, source: SourceConfig, copies: list[TableCopy], s
     for table, pr in progress.items():
         out.append(TableCopyResult(table=table, kind=pr.copy.kind, rows=pr.rows, bytes=pr.bytes,
                                    parts=pr.copy.parts_total, seconds=secs,
-                                   path=str(copy_dir(lake_root, table, pr.copy.copy_id))))
+                                   path=copy_dir(lake_root, table, pr.copy.copy_id)))
     return out
 
 

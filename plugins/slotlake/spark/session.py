@@ -12,6 +12,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from slotlake.storage import StorageSettings, spark_s3a_conf
+
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # .../slotlake
 CHECKOUT = PACKAGE_DIR.parents[1]  # the repository when running from a checkout (plugins/slotlake)
 
@@ -43,6 +45,15 @@ def delta_jars() -> list[str]:
     return jars
 
 
+def s3_jars() -> list[str]:
+    """hadoop-aws and what it needs (`.jars/s3/`, jars/s3/pom.xml), for an s3a lake only."""
+    jars = sorted(glob.glob(str(jars_dir() / "s3" / "*.jar")))
+    if not any("hadoop-aws" in Path(j).name for j in jars):
+        raise RuntimeError(f"S3 jars not found in {jars_dir() / 's3'}; run scripts/setup.sh (it resolves them from "
+                           "Maven Central) or put hadoop-aws and the AWS SDK bundle there")
+    return jars
+
+
 def local_cores(master: str) -> int | None:
     """The cores of a local master (`local` 1, `local[N]` N, `local[*]` this machine's, `local[N,F]` N); None for a
     cluster master."""
@@ -56,8 +67,10 @@ def local_cores(master: str) -> int | None:
     return max(1, int(m.group(1)))
 
 
-def spark_conf(master: str = "local[*]", extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The full Spark configuration: base settings, Delta jars, then the user's `spark.conf`.
+def spark_conf(master: str = "local[*]", extra: Mapping[str, str] | None = None, *,
+               storage: StorageSettings | None = None) -> dict[str, str]:
+    """The full Spark configuration: base settings, Delta jars, the S3 settings and jars when the lake is s3a
+    (`storage`, the config's), then the user's `spark.conf`.
 
     On a local master, shuffles and Delta's log replay use one partition per core instead of Spark's 200 and
     Delta's 50: a batch of changes is small next to those, and every extra task is pure scheduling overhead
@@ -70,6 +83,15 @@ def spark_conf(master: str = "local[*]", extra: Mapping[str, str] | None = None)
         conf["spark.sql.shuffle.partitions"] = str(cores)
         conf["spark.databricks.delta.snapshotPartitions"] = str(cores)
     conf["spark.jars"] = ",".join(delta_jars())
+    if storage is not None:
+        conf.update(spark_s3a_conf(storage))
+        if cores is not None or "spark.executor.extraClassPath" in (extra or {}):
+            # Local master: driver and executors are one JVM, so the class path is enough, where spark.jars would
+            # copy the 700 MB SDK bundle into every run's work folder. A cluster whose nodes hold the jars says so
+            # with spark.executor.extraClassPath. Only for an s3a lake: a local lake's start loads none of it.
+            conf["spark.driver.extraClassPath"] = ":".join(s3_jars())
+        else:
+            conf["spark.jars"] += "," + ",".join(s3_jars())
     conf["spark.master"] = master
     conf.update(extra or {})
     # Executors import slotlake (the decoder runs there): put the folder holding the package on their PYTHONPATH
@@ -78,15 +100,17 @@ def spark_conf(master: str = "local[*]", extra: Mapping[str, str] | None = None)
     return conf
 
 
-def get_spark(app_name: str = "slotlake", master: str | None = None, extra: Mapping[str, str] | None = None):
-    """Get or create the SparkSession. Under spark-submit the master and jars already come from the command line."""
+def get_spark(app_name: str = "slotlake", master: str | None = None, extra: Mapping[str, str] | None = None, *,
+              storage: StorageSettings | None = None):
+    """Get or create the SparkSession. Under spark-submit the master and jars already come from the command line.
+    `storage`: the config's, for an s3a lake (see `spark_conf`)."""
     from pyspark.sql import SparkSession
 
     # Python workers must run this interpreter (it has pyarrow and slotlake), not whatever `python3` is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if "SPARK_ENV_LOADED" not in os.environ and not os.environ.get("SLOTLAKE_UNDER_SPARK_SUBMIT"):
-        for k, v in spark_conf(master or "local[*]", extra).items():
+        for k, v in spark_conf(master or "local[*]", extra, storage=storage).items():
             builder = builder.config(k, v)
     elif extra:
         for k, v in extra.items():

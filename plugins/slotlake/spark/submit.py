@@ -68,7 +68,7 @@ def spark_app(cfg: Config, source_name: str, stage: Stage, *, tables: Sequence[s
     args: list[str] = ["--config", cfg.path, "--source", source_name]
     if tables:
         args += ["--tables", ",".join(tables)]
-    conf = spark_conf(cfg.spark.master, cfg.spark.conf)
+    conf = spark_conf(cfg.spark.master, cfg.spark.conf, storage=cfg.storage)
     conf.setdefault("spark.log.level", "WARN")  # Spark's INFO start-up chatter would bury the app's own lines
     master = conf.pop("spark.master")
     env = {

@@ -151,7 +151,7 @@ def main(stage: str, argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
         cfg.source(args.source)  # unknown source: the error names the known ones
-        spark = get_spark(f"slotlake-{stage}-{args.source}", cfg.spark.master, cfg.spark.conf)
+        spark = get_spark(f"slotlake-{stage}-{args.source}", cfg.spark.master, cfg.spark.conf, storage=cfg.storage)
         try:
             lines = APPS[stage].run(spark, cfg, args)
         finally:

@@ -150,7 +150,7 @@ def serve(cfg: Config, address: str, *, ready=None) -> bool:
     from slotlake.spark.session import get_spark
     host, port = parse_address(address)
     digest = code_digest()
-    spark = get_spark("slotlake-spark-server", cfg.spark.master, cfg.spark.conf)
+    spark = get_spark("slotlake-spark-server", cfg.spark.master, cfg.spark.conf, storage=cfg.storage)
     spark.range(1).count()  # the first Spark job pays the scheduler's start, so the first app does not
     server = _Server((host, port), spark, digest)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())

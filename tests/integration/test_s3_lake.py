@@ -1,0 +1,192 @@
+"""A lake on S3 (`lake: s3a://bucket/prefix`) against a real S3-compatible endpoint (`moto_server`, tests/s3server.py),
+through the real CLI: the initial copy, inserts, updates, deletes, a column type change and a TRUNCATE, a crash
+between placing a bronze object (one conditional PUT) and advancing the slot (the representative window of
+tests/integration/test_faults.py on S3: the decode and merge windows are Delta commits, the same code as on a local
+lake, and each costs a JVM start this file's time budget has no room for), an idle sync that starts no JVM, and
+`recover --to s3a://...`. Gold equals
+PostgreSQL row by row after every phase (read with delta-rs through the configured endpoint), and at the end every
+Delta table in the bucket reads the same through delta-rs and Spark (s3a). Plus: a bronze object is never replaced.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from delta_readers import check_bucket, read_delta_rs  # noqa: E402
+from oracle import assert_gold_equals_pg  # noqa: E402
+from slotlake import bronze, delta_log, storage  # noqa: E402
+from slotlake.config import load_config  # noqa: E402
+from slotlake.errors import ExtractError  # noqa: E402
+from slotlake.lake import LakePaths  # noqa: E402
+from slotlake.lsn import Lsn  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+
+SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
+SOURCE = "shop"
+TABLES = ["public.items", "public.notes"]
+
+
+def write_config(path: Path, s3_server, bucket: str, dsn: str) -> Path:
+    path.write_text(f"lake: s3a://{bucket}/slotlake\n{s3_server.storage_yaml()}"
+                    "spark: {master: \"local[2]\"}\n"
+                    "extract: {upto_nchanges: 30}\n"  # a few bronze objects per run
+                    f"sources:\n  {SOURCE}:\n    dsn: {dsn}\n    tables: [{', '.join(TABLES)}]\n")
+    return path
+
+
+def sync(cfg: Path, failpoint: str | None = None) -> tuple[dict, str]:
+    env = {k: v for k, v in os.environ.items() if k != "SLOTLAKE_FAILPOINT"}
+    if failpoint:
+        env["SLOTLAKE_FAILPOINT"] = failpoint
+    out = subprocess.run([SLOTLAKE, "--config", str(cfg), "sync", SOURCE, "--json"], capture_output=True, text=True,
+                         timeout=1200, env=env)
+    if failpoint:
+        assert out.returncode != 0, f"failpoint {failpoint} did not stop the sync:\n{out.stderr[-3000:]}"
+        return {}, out.stderr
+    assert out.returncode == 0, f"sync failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    return json.loads(out.stdout), out.stderr
+
+
+def run_sql(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for s in statements:
+            conn.execute(s)
+
+
+def slot_confirmed(dsn: str) -> Lsn:
+    with psycopg.connect(dsn) as conn:
+        (lsn,) = conn.execute("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                              (f"slotlake_{SOURCE}",)).fetchone()
+    return Lsn.parse(str(lsn))
+
+
+def silver_end(paths: LakePaths) -> str | None:
+    """Silver's decode watermark, from its Delta log on S3 (None: nothing decoded yet)."""
+    if not delta_log.is_delta_table(paths.changes):
+        return None
+    last = delta_log.latest_slotlake_commit(paths.changes, "decode")
+    return last.end_lsn if last else None
+
+
+def run_ends(paths: LakePaths) -> set[str]:
+    """The end LSNs of the complete merge runs in `_runs` (read with delta-rs through the endpoint)."""
+    return {str(Lsn(v)) for v in read_delta_rs(paths.runs).column("run_end_lsn").to_pylist()}
+
+
+def assert_gold(paths: LakePaths, dsn: str) -> None:
+    for t in TABLES:
+        assert_gold_equals_pg(None, paths.gold(*t.split(".")), dsn, t, reader="delta-rs")
+
+
+def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_bucket):
+    cfg = write_config(tmp_path / "slotlake.yaml", s3_server, s3_bucket, pg_db)
+    lake = load_config(str(cfg))  # also points this process's slotlake.storage at the endpoint
+    assert lake.lake == f"s3a://{s3_bucket}/slotlake" and lake.storage is not None
+    paths = LakePaths.of(lake.lake, SOURCE)
+    run_sql(pg_db,
+            "CREATE TABLE items (id int PRIMARY KEY, name text, qty int, price numeric(10,2), at timestamptz)",
+            "CREATE TABLE notes (id bigint PRIMARY KEY, body text)",
+            "INSERT INTO items SELECT g, 'item ' || g, g % 7, g * 1.25, '2024-01-01'::timestamptz + g * interval '1h' "
+            "FROM generate_series(1, 200) g",
+            "INSERT INTO notes SELECT g, repeat('n', g) FROM generate_series(1, 50) g")
+
+    # 1. the first sync: publication, slot, the initial copy (parts and records on S3), loaded into gold
+    report, _ = sync(cfg)
+    assert_gold(paths, pg_db)
+    keys = s3_server.keys(s3_bucket, "slotlake/shop/")
+    assert any(k.startswith("slotlake/shop/bronze/snapshot/public.items/") and k.endswith(".parquet") for k in keys)
+    assert any(k.startswith("slotlake/shop/bronze/snapshot/_generations/") for k in keys)
+    assert any(k.startswith("slotlake/shop/bronze/catalog/") for k in keys)  # the bootstrap catalog read
+    assert not any("/." in k or k.endswith(".tmp") for k in keys if "/bronze/" in k)  # nothing half-written
+    assert {m["table"] for m in report["merged"]} == set(TABLES), report["merged"]  # counts from the S3 logs
+
+    # 2. inserts, updates, deletes; the first sync dies right after placing a bronze object (one PUT), before the
+    # slot moved: the next sync archives nothing twice
+    run_sql(pg_db,
+            "INSERT INTO items SELECT g, 'new ' || g, 1, 2.50, now() FROM generate_series(201, 260) g",
+            "UPDATE items SET qty = qty + 100, name = name || '!' WHERE id % 5 = 0",
+            "DELETE FROM items WHERE id % 11 = 0",
+            "UPDATE notes SET body = upper(body) WHERE id < 10",
+            "ALTER TABLE notes ALTER COLUMN body TYPE varchar(500)",
+            "DELETE FROM notes WHERE id > 45")
+    before = slot_confirmed(pg_db)
+    _, log = sync(cfg, "extract_after_write")
+    assert "failpoint extract_after_write" in log, log[-3000:]
+    placed = bronze.list_bronze(paths.root)
+    assert placed and placed[-1].path.startswith(f"s3a://{s3_bucket}/") and placed[-1].end_lsn > before
+    assert slot_confirmed(pg_db) == before  # the object is durable, the slot not advanced
+    catalog_before = read_delta_rs(paths.catalog).num_rows
+    report, _ = sync(cfg)
+    assert read_delta_rs(paths.catalog).num_rows > catalog_before  # the ALTER's new catalog version, on S3
+    assert report["spark_skipped"] is False and report["decoded_changes"] > 0, report
+    assert_gold(paths, pg_db)
+    files = bronze.list_bronze(paths.root)
+    assert all(b.start_lsn >= a.end_lsn for a, b in zip(files, files[1:])), files  # no LSN range twice
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        point = Lsn.parse(str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]))
+        conn.execute("CREATE SCHEMA recorded")  # the state at `point`, for recover
+        for t in TABLES:
+            name = t.split(".")[1]
+            conn.execute(f"CREATE TABLE recorded.{name} AS TABLE {t}")
+
+    # 3. TRUNCATE, then new rows and an update in the same batch
+    run_sql(pg_db, "TRUNCATE items",
+            "INSERT INTO items VALUES (1, 'after truncate', 1, 9.99, now()), (2, 'b', 2, 0.01, NULL)",
+            "UPDATE items SET qty = 3 WHERE id = 2",
+            "INSERT INTO notes VALUES (1000, 'late')")
+    report, _ = sync(cfg)
+    assert_gold(paths, pg_db)
+    assert {m["table"] for m in report["merged"]} == set(TABLES), report["merged"]
+    assert silver_end(paths) in run_ends(paths)  # the run is complete in _runs (read from S3 with delta-rs)
+
+    # 4. nothing new: decided from the Delta logs and bronze on S3, no Spark app, no JVM
+    report, log = sync(cfg)
+    assert report["spark_skipped"] is True, report["spark"]
+    assert report["spark"].startswith("decode and merge skipped: nothing new"), report["spark"]
+    assert "submitting slotlake-" not in log  # run_spark_app was never called: no spark-submit, no JVM
+    assert delta_log.readable(paths.root) and delta_log.latest_slotlake_commit(paths.changes, "decode")
+
+    # 5. recover both tables as of `point` into the bucket, compared with PostgreSQL as it was then
+    out = subprocess.run([SLOTLAKE, "--config", str(cfg), "recover", SOURCE, "--as-of", str(point),
+                          "--table", TABLES[0], "--table", TABLES[1], "--to", f"s3a://{s3_bucket}/out", "--json"],
+                         capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-4000:]
+    for t in TABLES:
+        name = t.split(".")[1]
+        assert_gold_equals_pg(None, f"s3a://{s3_bucket}/out/public/{name}", pg_db, f"recorded.{name}",
+                              reader="delta-rs")
+
+    # 6. every Delta table in the bucket (gold, silver, _catalog, _runs, the recovered ones) through delta-rs and
+    # Spark (s3a), in a process whose Spark session has the S3 jars
+    n, _ = check_bucket(str(cfg), f"s3a://{s3_bucket}")
+    assert n >= len(TABLES) * 2 + 3, n
+
+
+def test_a_bronze_object_is_never_replaced(s3_server, s3_bucket, tmp_path):
+    storage.configure(storage.StorageSettings(endpoint=s3_server.endpoint, region="us-east-1", path_style=True))
+    root = f"s3a://{s3_bucket}/lake/shop"
+    first = bronze.tmp_path(root, Lsn(0x10))
+    first.write_bytes(b"first")
+    placed = bronze.place(first, Lsn(0x10), Lsn(0x20), root)
+    assert placed.path == f"s3a://{s3_bucket}/lake/shop/bronze/{bronze.bronze_name(Lsn(0x10), Lsn(0x20))}"
+    assert not first.exists()  # the local scratch file is gone once the PUT returned
+    second = bronze.tmp_path(root, Lsn(0x10))
+    second.write_bytes(b"second")
+    with pytest.raises(ExtractError, match="already exists; bronze files are immutable"):
+        bronze.place(second, Lsn(0x10), Lsn(0x20), root)  # If-None-Match: * -> 412
+    files = storage.files_for(placed.path)
+    with pytest.raises(FileExistsError):
+        files.put_new(placed.path, b"third")
+    assert files.read_bytes(placed.path) == b"first"
+    assert [f.path for f in bronze.list_bronze(root)] == [placed.path]
+    assert s3_server.keys(s3_bucket) == [f"lake/shop/bronze/{bronze.bronze_name(Lsn(0x10), Lsn(0x20))}"]
