@@ -15,6 +15,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -87,6 +89,22 @@ def _kill_sessions(sessions: set[int]) -> None:
                 pass
 
 
+def _wait_until_serving(port: int, proc: subprocess.Popen, log: Path) -> None:
+    """Until the API server answers HTTP (any status) on 127.0.0.1:`port`."""
+    deadline = time.monotonic() + 600
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v2/monitor/health", timeout=30).close()
+            return
+        except urllib.error.HTTPError:
+            return  # it answered
+        except OSError:
+            pass
+        assert proc.poll() is None, f"airflow api-server exited:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"airflow api-server did not answer in 10 min:\n{log.read_text()[-3000:]}"
+        time.sleep(2)
+
+
 def _runs(env: dict[str, str]) -> list[dict]:
     out = run_airflow(env, "dags", "list-runs", DAG_ID, "-o", "json", check=False).stdout
     for line in reversed(out.splitlines()):  # log lines (also starting with "[") may precede the JSON
@@ -136,6 +154,9 @@ def test_backfill_through_airflow_rebuilds_each_interval(spark, pg_db, tmp_path)
         "AIRFLOW__API__WORKERS": "1",
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
         "AIRFLOW__CORE__PARALLELISM": "2",
+        # A task's first call to the execution API can take more than the default 5 s on a loaded 2-core machine
+        # (a cold API server on SQLite); the task then fails before it starts.
+        "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
     })
     migrate(env)
     run_airflow(env, "dags", "reserialize")
@@ -147,14 +168,21 @@ def test_backfill_through_airflow_rebuilds_each_interval(spark, pg_db, tmp_path)
                 "--to-date", (b0 + timedelta(minutes=2)).isoformat(), "--reprocess-behavior", "completed",
                 "--dag-run-conf", json.dumps({"dest": str(dest)}))
     log = open(home / "processes.log", "w")
-    procs = [subprocess.Popen([airflow_bin(), *cmd], env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True) for cmd in (["api-server", "--port", str(port)], ["scheduler"])]
+    procs: list[subprocess.Popen] = []
     try:
+        # The API server first, serving before the scheduler hands it a task (tasks call its execution API).
+        for cmd in (["api-server", "--port", str(port)], ["scheduler"]):
+            procs.append(subprocess.Popen([airflow_bin(), *cmd], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))
+            if cmd[0] == "api-server":
+                _wait_until_serving(port, procs[0], home / "processes.log")
         deadline = time.monotonic() + 1800  # three spark-submits; ~3-6 min each on a loaded 2-core machine
         while True:
             backfill = [r for r in _runs(env) if r["run_id"].startswith("backfill__")]
             if len(backfill) == 3 and all(r["state"] in ("success", "failed") for r in backfill):
                 break
+            if any(r["state"] == "failed" for r in backfill):
+                break  # the gate keeps later intervals waiting on a failed one: they would never finish
             assert time.monotonic() < deadline, f"backfill did not finish: {backfill}"
             time.sleep(10)
     finally:
