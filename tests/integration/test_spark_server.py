@@ -79,7 +79,7 @@ def test_syncs_run_in_the_spark_server_and_fall_back_when_it_is_gone(pg_db, tmp_
         reply = _request(port, {"stage": "sync", "argv": ["--config", str(cfg), "--source", SOURCE], "code": "x"})
         assert reply[-1]["exit"] == 2 and "restart `slotlake spark-server`" in reply[-1]["error"], reply
         # An app that fails reports one line and leaves the server serving.
-        from slotlake.spark.submit import code_digest
+        from slotlake.spark.code import code_digest
 
         reply = _request(port, {"stage": "merge", "argv": ["--config", str(cfg), "--source", "nope"],
                                 "code": code_digest()})

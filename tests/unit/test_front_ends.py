@@ -15,7 +15,9 @@ from slotlake.config import parse_config
 from slotlake.errors import ConfigError
 from slotlake.lsn import Lsn
 from slotlake.pipeline import plain
-from slotlake.spark.submit import code_zip, failure_line, is_local_master, spark_app, spark_submit_command
+from slotlake.spark.code import code_zip
+from slotlake.spark.session import spark_conf
+from slotlake.spark.submit import failure_line, is_local_master, on_master, spark_app, spark_submit_command
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +60,37 @@ def test_user_conf_overrides_and_cluster_master_ships_code(tmp_path, monkeypatch
     names = zipfile.ZipFile(zip_path).namelist()
     assert "slotlake/pipeline.py" in names and "slotlake/spark/submit.py" in names
     assert code_zip() == zip_path  # same sources: the same zip, not rebuilt
+
+
+def test_a_cluster_master_gets_no_local_paths_and_its_cores_bound_the_partitions():
+    local = spark_conf("local[3]")
+    assert local["spark.executorEnv.PYTHONPATH"] == str(ROOT / "plugins")
+    assert local["spark.sql.shuffle.partitions"] == "3"
+    cluster = spark_conf("spark://m:7077")
+    assert "spark.executorEnv.PYTHONPATH" not in cluster  # the executors get the package zip, not this path
+    assert "spark.sql.shuffle.partitions" not in cluster  # Spark's default (adaptive execution coalesces)
+    bounded = spark_conf("spark://m:7077", {"spark.cores.max": "4"})
+    assert bounded["spark.sql.shuffle.partitions"] == bounded["spark.databricks.delta.snapshotPartitions"] == "4"
+
+
+def test_executor_python_keeps_the_driver_on_this_venv():
+    app = spark_app(config("spark://m:7077", {"spark.pyspark.python": "/opt/py/bin/python"}), "shop", "merge")
+    assert app.conf["spark.pyspark.python"] == "/opt/py/bin/python"
+    assert app.conf["spark.pyspark.driver.python"] == sys.executable
+    assert "spark.pyspark.driver.python" not in spark_app(config(), "shop", "merge").conf
+
+
+def test_an_app_moved_to_its_connections_master_is_built_for_it():
+    """The Airflow Spark connection may name another master than `spark.master`: the settings follow it."""
+    app = spark_app(config("local[2]", {"spark.executor.memory": "3g"}), "shop", "decode")
+    assert on_master(app, "local[2]") is app
+    moved = on_master(app, "spark://m:7077")
+    assert moved.master == "spark://m:7077" and moved.ship_code and not app.ship_code
+    assert "spark.executorEnv.PYTHONPATH" in app.conf and "spark.executorEnv.PYTHONPATH" not in moved.conf
+    assert moved.conf["spark.executor.memory"] == "3g" and "spark.master" not in moved.conf
+    assert moved.args == app.args and moved.env == app.env
+    back = on_master(moved, "local[2]")
+    assert dict(back.conf) == dict(app.conf) and not back.ship_code
 
 
 def test_config_not_from_a_file_is_refused():

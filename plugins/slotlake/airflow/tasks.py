@@ -4,7 +4,6 @@ arguments the per-source DAGs share. Used by `dag_factory` (sync), `replay_dag` 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -21,7 +20,8 @@ from airflow.sdk.exceptions import AirflowSkipException
 from slotlake import pipeline
 from slotlake.config import Config, SourceConfig
 from slotlake.pending import PendingWork
-from slotlake.spark.submit import SparkApp, code_zip, run_spark_app
+from slotlake.spark.code import code_zip
+from slotlake.spark.submit import SparkApp, on_master, run_spark_app
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,23 @@ def spark_conn_id(cfg: Config) -> str:
     return DEFAULT_SPARK_CONN_ID
 
 
-def _ship_code(context: Mapping[str, Any]) -> None:
-    # Built just before submitting (not at parse time): the zip of plugins/slotlake for a cluster's executors.
-    context["task"].py_files = code_zip()
+def connection_master(conn_id: str) -> str:
+    """The master a SparkSubmitOperator on `conn_id` submits to, resolved by the provider's own hook (host and
+    port of the connection; yarn when the connection does not exist)."""
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    return str(SparkSubmitHook(conn_id=conn_id)._resolve_connection()["master"])
+
+
+def _target_connection(app: SparkApp, conn_id: str, context: Mapping[str, Any]) -> None:
+    # Just before submitting (not at parse time: no connection lookups while parsing): the task's settings for the
+    # master its Spark connection names, which may differ from `spark.master` (a cluster's executors get the
+    # package as a --py-files zip and no path of this machine).
+    task = context["task"]
+    app = on_master(app, connection_master(conn_id))
+    task.conf = dict(app.conf)
+    if app.ship_code:
+        task.py_files = code_zip()
 
 
 _HELD: dict[tuple[str, str], ExitStack] = {}  # (run_id, task_id) -> the run lock a SparkSubmit task holds
@@ -55,14 +69,12 @@ def _replay_to_dest(args: list[str]) -> bool:
     return "--dest" in args[:-1] and bool(args[args.index("--dest") + 1].strip())
 
 
-def _take_lock(source: SourceConfig, ship_code: bool, context: Mapping[str, Any]) -> None:
+def _take_lock(source: SourceConfig, context: Mapping[str, Any]) -> None:
     # pre_execute: the task's own process holds the source's run lock while spark-submit runs, as the CLI does
     # around its Spark apps; released by post_execute / on_failure_callback (or by PostgreSQL if the process dies).
     from slotlake.source.lock import source_lock
 
     task = context["task"]
-    if ship_code:
-        _ship_code(context)
     if _replay_to_dest(list(getattr(task, "application_args", None) or [])):
         return
     stack = ExitStack()
@@ -92,7 +104,10 @@ def merge_due(context: Mapping[str, Any]) -> str | None:
     return None if pending.idle else (pending.merge or pending.decode)
 
 
-def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig) -> Callable[[Mapping[str, Any]], None]:
+def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig,
+                 conn_id: str | None = None) -> Callable[[Mapping[str, Any]], None]:
+    """The pre_execute of a Spark task: the skip rule, then (spark-submit tasks: `conn_id`) the settings for the
+    connection's master, then the run lock."""
     def run(context: Mapping[str, Any]) -> None:
         if due is not None:
             reason = due(context)
@@ -100,7 +115,9 @@ def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig) -> Callab
                 # No spark-submit: the task ends SKIPPED and says why (the extract's decision).
                 raise AirflowSkipException(f"{app.name}: {_extract_pending(context).describe()}")
             log.info("%s: %s", app.name, reason)
-        _take_lock(source, app.ship_code, context)
+        if conn_id is not None:
+            _target_connection(app, conn_id, context)
+        _take_lock(source, context)
 
     return run
 
@@ -119,7 +136,7 @@ def spark_submit_task(app: SparkApp, task_id: str, conn_id: str, source: SourceC
         name=app.name,
         env_vars=dict(app.env),
         spark_binary=app.spark_submit,
-        pre_execute=_pre_execute(app, due, source),
+        pre_execute=_pre_execute(app, due, source, conn_id),
         post_execute=_release_lock,
         on_failure_callback=_release_lock,
         **kwargs,
@@ -140,8 +157,9 @@ def spark_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig, 
     return PythonOperator(
         task_id=task_id,
         python_callable=run_on_spark_server,
-        # The server's driver has the code: no zip to build (a spark-submit fallback ships its own, run_spark_app).
-        pre_execute=_pre_execute(dataclasses.replace(app, ship_code=False), due, source),
+        # No connection to target (conn_id None): the server's driver has the code; a spark-submit fallback
+        # (run_spark_app) ships its own zip for a cluster master.
+        pre_execute=_pre_execute(app, due, source),
         post_execute=_release_lock,
         on_failure_callback=_release_lock,
         **kwargs,

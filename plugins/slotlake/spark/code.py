@@ -1,10 +1,17 @@
-"""The slotlake code version: a hash of the package's sources (the --py-files zip's name, the Spark server's check)."""
+"""The slotlake code version (a hash of the package's sources, the Spark server's check) and the zip of the package
+that a cluster's executors get (`--py-files`, or `addPyFile` for an in-process session)."""
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
+import tempfile
+import zipfile
 from pathlib import Path
 
-from slotlake.spark.session import PACKAGE_DIR
+log = logging.getLogger(__name__)
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # .../slotlake
 
 
 def package_files() -> list[Path]:
@@ -18,3 +25,23 @@ def code_digest() -> str:
         digest.update(str(p.relative_to(PACKAGE_DIR)).encode())
         digest.update(p.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def code_zip() -> str:
+    """Build (or reuse) the zip of the slotlake package that --py-files ships to a cluster; returns its path.
+
+    Named by a hash of the sources, so it is built once per code version and a concurrent run never sees a
+    half-written file (written to a temp name, then renamed).
+    """
+    files = package_files()
+    out_dir = Path(os.environ.get("SLOTLAKE_WORK_DIR", tempfile.gettempdir())) / "slotlake-pyfiles"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"slotlake-{code_digest()}.zip"
+    if not target.exists():
+        tmp = out_dir / f".{target.name}.{os.getpid()}.tmp"
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+            for p in files:
+                zf.write(p, str(Path("slotlake") / p.relative_to(PACKAGE_DIR)))
+        os.replace(tmp, target)
+        log.info("built %s (%d modules) for --py-files", target, len(files))
+    return str(target)

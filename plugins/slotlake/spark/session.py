@@ -12,9 +12,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from slotlake.spark.code import PACKAGE_DIR, code_zip
 from slotlake.storage import StorageSettings, spark_s3a_conf
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]  # .../slotlake
 CHECKOUT = PACKAGE_DIR.parents[1]  # the repository when running from a checkout (plugins/slotlake)
 
 # Settings every slotlake Spark session gets (config `spark.conf` may override all but the Delta wiring).
@@ -78,14 +78,15 @@ def spark_conf(master: str = "local[*]", extra: Mapping[str, str] | None = None,
     defaults (with adaptive query execution coalescing small shuffles). `spark.conf` overrides both.
     """
     conf = dict(BASE_CONF)
-    cores = local_cores(master)
+    local = local_cores(master)
+    cores = local if local is not None else cluster_cores(extra)
     if cores is not None:
         conf["spark.sql.shuffle.partitions"] = str(cores)
         conf["spark.databricks.delta.snapshotPartitions"] = str(cores)
     conf["spark.jars"] = ",".join(delta_jars())
     if storage is not None:
         conf.update(spark_s3a_conf(storage))
-        if cores is not None or "spark.executor.extraClassPath" in (extra or {}):
+        if local is not None or "spark.executor.extraClassPath" in (extra or {}):
             # Local master: driver and executors are one JVM, so the class path is enough, where spark.jars would
             # copy the 700 MB SDK bundle into every run's work folder. A cluster whose nodes hold the jars says so
             # with spark.executor.extraClassPath. Only for an s3a lake: a local lake's start loads none of it.
@@ -94,10 +95,25 @@ def spark_conf(master: str = "local[*]", extra: Mapping[str, str] | None = None,
             conf["spark.jars"] += "," + ",".join(s3_jars())
     conf["spark.master"] = master
     conf.update(extra or {})
-    # Executors import slotlake (the decoder runs there): put the folder holding the package on their PYTHONPATH
-    # (plugins/ in a checkout; site-packages when installed, where it is on the path anyway).
-    conf.setdefault("spark.executorEnv.PYTHONPATH", str(PACKAGE_DIR.parent))
+    if local is not None:
+        # Executors import slotlake (the decoder runs there). On a local master they are this machine's: put the
+        # folder holding the package on their PYTHONPATH (plugins/ in a checkout; site-packages when installed).
+        # A cluster's executors get the package shipped instead (--py-files, or `ship_code` for an in-process
+        # session), never a path that exists only on the submitting machine.
+        conf.setdefault("spark.executorEnv.PYTHONPATH", str(PACKAGE_DIR.parent))
     return conf
+
+
+def cluster_cores(extra: Mapping[str, str] | None) -> int | None:
+    """The cores a cluster app may use, when `spark.cores.max` bounds them (standalone, Mesos); None otherwise."""
+    text = (extra or {}).get("spark.cores.max", "").strip()
+    return max(1, int(text)) if text.isdigit() else None
+
+
+def ship_code(spark) -> None:
+    """Give a running session's executors the slotlake package (the same zip `--py-files` ships): for an
+    in-process session on a cluster master, whose executors cannot import it from this machine's paths."""
+    spark.sparkContext.addPyFile(code_zip())
 
 
 def get_spark(app_name: str = "slotlake", master: str | None = None, extra: Mapping[str, str] | None = None, *,
@@ -109,7 +125,8 @@ def get_spark(app_name: str = "slotlake", master: str | None = None, extra: Mapp
     # Python workers must run this interpreter (it has pyarrow and slotlake), not whatever `python3` is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
-    if "SPARK_ENV_LOADED" not in os.environ and not os.environ.get("SLOTLAKE_UNDER_SPARK_SUBMIT"):
+    under_spark_submit = "SPARK_ENV_LOADED" in os.environ or bool(os.environ.get("SLOTLAKE_UNDER_SPARK_SUBMIT"))
+    if not under_spark_submit:
         for k, v in spark_conf(master or "local[*]", extra, storage=storage).items():
             builder = builder.config(k, v)
     elif extra:
@@ -117,6 +134,8 @@ def get_spark(app_name: str = "slotlake", master: str | None = None, extra: Mapp
             builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if not under_spark_submit and local_cores(spark.sparkContext.master or "local") is None:
+        ship_code(spark)  # spark-submit ships the zip itself (--py-files)
     return spark
 
 

@@ -8,13 +8,12 @@ The CLI runs `spark_submit_command(app)` in a subprocess (`run_spark_app`); the 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 import re
 import subprocess
 import sys
-import tempfile
-import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +21,9 @@ from typing import Literal
 
 from slotlake.config import Config
 from slotlake.errors import ConfigError, SlotlakeError
-from slotlake.spark.code import code_digest, package_files
-from slotlake.spark.session import PACKAGE_DIR, spark_conf
+from slotlake.spark.code import PACKAGE_DIR, code_zip
+from slotlake.spark.session import spark_conf
+from slotlake.storage import StorageSettings
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,30 @@ class SparkApp:
     spark_submit: str = ""
     stage: str = ""  # decode, merge, sync, ... (spark_apps/<stage>.py)
     server: str | None = None  # host:port of a `slotlake spark-server` to run the app in (config spark.server)
+    # What `conf` was built from (config `spark.conf` and `storage`): `on_master` builds it again for another master.
+    user_conf: Mapping[str, str] = field(default_factory=dict)
+    storage: StorageSettings | None = None
+
+
+def app_conf(master: str, user_conf: Mapping[str, str] | None, storage: StorageSettings | None) -> dict[str, str]:
+    """The `--conf` settings of an app on `master` (without spark.master, which travels as --master)."""
+    conf = spark_conf(master, user_conf, storage=storage)
+    conf.setdefault("spark.log.level", "WARN")  # Spark's INFO start-up chatter would bury the app's own lines
+    if "spark.pyspark.python" in conf:
+        # The executors' Python (the cluster nodes'); the driver runs here, in client mode: this venv's, which
+        # spark-submit would otherwise replace with the executors' too.
+        conf.setdefault("spark.pyspark.driver.python", sys.executable)
+    conf.pop("spark.master")
+    return conf
+
+
+def on_master(app: SparkApp, master: str) -> SparkApp:
+    """`app` submitted to `master` instead (the Airflow Spark connection's, when it differs from `spark.master`):
+    its settings built for that master, the package shipped when it is not local."""
+    if master == app.master:
+        return app
+    return dataclasses.replace(app, master=master, conf=app_conf(master, app.user_conf, app.storage),
+                               ship_code=not is_local_master(master))
 
 
 def is_local_master(master: str) -> bool:
@@ -68,9 +92,7 @@ def spark_app(cfg: Config, source_name: str, stage: Stage, *, tables: Sequence[s
     args: list[str] = ["--config", cfg.path, "--source", source_name]
     if tables:
         args += ["--tables", ",".join(tables)]
-    conf = spark_conf(cfg.spark.master, cfg.spark.conf, storage=cfg.storage)
-    conf.setdefault("spark.log.level", "WARN")  # Spark's INFO start-up chatter would bury the app's own lines
-    master = conf.pop("spark.master")
+    master = cfg.spark.master
     env = {
         "SLOTLAKE_UNDER_SPARK_SUBMIT": "1",
         "PYSPARK_PYTHON": sys.executable,
@@ -79,29 +101,10 @@ def spark_app(cfg: Config, source_name: str, stage: Stage, *, tables: Sequence[s
     if cfg.path:
         env["SLOTLAKE_CONFIG"] = cfg.path
     return SparkApp(name=f"slotlake-{stage}-{source_name}", application=str(application), args=tuple(args),
-                    master=master, conf=conf, ship_code=not is_local_master(master), env=env,
+                    master=master, conf=app_conf(master, cfg.spark.conf, cfg.storage),
+                    ship_code=not is_local_master(master), env=env, user_conf=dict(cfg.spark.conf), storage=cfg.storage,
                     spark_submit=cfg.spark.spark_submit or default_spark_submit(), stage=stage,
                     server=cfg.spark.server)
-
-
-def code_zip() -> str:
-    """Build (or reuse) the zip of the slotlake package that --py-files ships to a cluster; returns its path.
-
-    Named by a hash of the sources, so it is built once per code version and a concurrent run never sees a
-    half-written file (written to a temp name, then renamed).
-    """
-    files = package_files()
-    out_dir = Path(os.environ.get("SLOTLAKE_WORK_DIR", tempfile.gettempdir())) / "slotlake-pyfiles"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"slotlake-{code_digest()}.zip"
-    if not target.exists():
-        tmp = out_dir / f".{target.name}.{os.getpid()}.tmp"
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
-            for p in files:
-                zf.write(p, str(Path("slotlake") / p.relative_to(PACKAGE_DIR)))
-        os.replace(tmp, target)
-        log.info("built %s (%d modules) for --py-files", target, len(files))
-    return str(target)
 
 
 def spark_submit_command(app: SparkApp, *, py_files: str | None = None) -> list[str]:
