@@ -6,6 +6,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/setup.sh"
 cd "$root"
+# docker compose v2 for tests/integration/test_docker_compose.py (`docker compose config` of docker/), built once
+# per checkout from the Go module proxy (scripts/build-compose.sh): in the background, nice'd; the test waits for it.
+scripts/build-compose.sh --background
 set +e
 # Two workers (pytest-xdist), whole files per worker: the long files wait on real clocks, a scheduler and JVM
 # starts much of the time, so a second worker fills that time. SLOTLAKE_TEST_WORKERS=0 runs in one process.

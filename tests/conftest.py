@@ -251,13 +251,19 @@ LONG_FIRST = ["test_e2e_workload.py", "test_replay_airflow.py", "test_faults.py"
               "test_catalog_versions.py", "test_snapshot.py"]
 
 
+# Started last: its test waits for docker compose, which scripts/test.sh builds in the background meanwhile.
+LAST = ["test_docker_compose.py"]
+
+
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    rank.update({name: len(LONG_FIRST) + 1 + i for i, name in enumerate(LAST)})
     order = {id(item): n for n, item in enumerate(items)}
 
     def key(item):
         path = Path(str(item.fspath))
-        return (rank.get(path.name, len(rank)) if path.parent.name == "integration" else len(rank), order[id(item)])
+        return (rank.get(path.name, len(LONG_FIRST)) if path.parent.name == "integration" else len(LONG_FIRST),
+                order[id(item)])
 
     items.sort(key=key)
 
