@@ -15,7 +15,7 @@ mkdir -p "$dir"
 [ -x "$out" ] && exit 0
 if [ "${1:-}" = "--background" ]; then
   echo "build-compose: building docker compose $version in the background (log: .tools/build-compose.log)"
-  nohup nice -n 19 "$0" >> "$root/.tools/build-compose.log" 2>&1 < /dev/null &
+  nohup nice -n 10 "$0" >> "$root/.tools/build-compose.log" 2>&1 < /dev/null &
   exit 0
 fi
 exec 9>"$dir/.lock"
