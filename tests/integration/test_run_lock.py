@@ -56,7 +56,7 @@ def test_dag_spark_submit_tasks_hold_the_lock_while_they_run(pg_db):
     src = parse_config({"lake": "/tmp/unused", "sources": {"shop": {"dsn": pg_db}}}).source("shop")
     decode = {"task": SimpleNamespace(task_id="decode", application_args=["--config", "c", "--source", "shop"]),
               "run_id": "manual__1"}
-    _take_lock(src, False, decode)
+    _take_lock(src, decode)
     try:
         assert other_process_tries(pg_db).startswith("source shop is being synced by another run: slotlake decode "
                                                      "shop")
@@ -66,12 +66,12 @@ def test_dag_spark_submit_tasks_hold_the_lock_while_they_run(pg_db):
     # A replay into a dest folder only reads the lake: no lock; in place (empty --dest): the lock.
     to_dest = {"task": SimpleNamespace(task_id="replay", application_args=["--from", "a", "--to", "b", "--dest",
                                                                            "/tmp/x/20261123T1000Z"]), "run_id": "r"}
-    _take_lock(src, False, to_dest)
+    _take_lock(src, to_dest)
     assert other_process_tries(pg_db) == "OK"
     _release_lock(to_dest)
     in_place = {"task": SimpleNamespace(task_id="replay", application_args=["--from", "a", "--to", "b", "--dest",
                                                                             ""]), "run_id": "r"}
-    _take_lock(src, False, in_place)
+    _take_lock(src, in_place)
     assert other_process_tries(pg_db).startswith("source shop is being synced by another run: slotlake replay")
     _release_lock(in_place)
     assert other_process_tries(pg_db) == "OK"
