@@ -4,7 +4,7 @@
 # `docker compose config` on docker/compose.yaml (`config` needs the docker CLI and this plugin, not an engine).
 # No package of this machine's registries ships Compose v2 (Debian 12 has only the Python 1.29, which refuses the
 # file's top-level `name:`), so it is built from source. Idempotent and locked: a second call waits for a running
-# build, then returns at once. `--background` (scripts/setup.sh) starts the build detached and nice'd, logging to
+# build, then returns at once. `--background` (.ci/run, scripts/test.sh) starts the build detached and nice'd, logging to
 # .tools/build-compose.log, and returns: it takes minutes of CPU, which the test suite's idle moments absorb.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -481,15 +481,12 @@ def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = No
         raise ConfigError("spark.master: must be a Spark master URL such as local[*] or spark://host:7077")
     server = spark_raw.get("server")
     if server is not None:
-        server = expand_env(str(server).strip(), "spark.server")
-        if host_port(server) is None:
-            raise ConfigError(f"spark.server: {server!r} is not host:port; set it to the address `slotlake "
-                              "spark-server` listens on (e.g. 127.0.0.1:7079), or remove it to use spark-submit")
-    elif os.environ.get(SPARK_SERVER_ENV, "").strip():
-        server = os.environ[SPARK_SERVER_ENV].strip()
-        if host_port(server) is None:
-            raise ConfigError(f"{SPARK_SERVER_ENV}: {server!r} is not host:port; set it to the address `slotlake "
-                              f"spark-server` listens on (e.g. 127.0.0.1:7079), or unset it to use spark-submit")
+        server, where, undo = expand_env(str(server).strip(), "spark.server"), "spark.server", "remove"
+    else:  # the deployment-wide default, when the config names none
+        server, where, undo = os.environ.get(SPARK_SERVER_ENV, "").strip() or None, SPARK_SERVER_ENV, "unset"
+    if server is not None and host_port(server) is None:
+        raise ConfigError(f"{where}: {server!r} is not host:port; set it to the address `slotlake spark-server` "
+                          f"listens on (e.g. 127.0.0.1:7079), or {undo} it to use spark-submit")
     spark = SparkSettings(master=master, conf={str(k): str(v) for k, v in conf.items()},
                           conn_id=spark_raw.get("conn_id"), spark_submit=spark_raw.get("spark_submit"),
                           server=server or None)

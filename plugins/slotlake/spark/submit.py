@@ -22,7 +22,7 @@ from typing import Literal
 from slotlake.config import Config
 from slotlake.errors import ConfigError, SlotlakeError
 from slotlake.spark.code import PACKAGE_DIR, code_zip
-from slotlake.spark.session import spark_conf
+from slotlake.spark.session import local_cores, spark_conf
 from slotlake.storage import StorageSettings
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def on_master(app: SparkApp, master: str) -> SparkApp:
 
 def is_local_master(master: str) -> bool:
     """local, local[N], local[*], local[N,F]: driver and executors share this machine and its venv."""
-    return master == "local" or master.startswith("local[")
+    return local_cores(master) is not None
 
 
 def default_spark_submit() -> str:
