@@ -1,11 +1,11 @@
 """A lake on S3 (`lake: s3a://bucket/prefix`) against a real S3-compatible endpoint (`moto_server`, tests/s3server.py),
-through the real CLI: the initial copy, inserts, updates, deletes, a column type change and a TRUNCATE, a crash
-between placing a bronze object (one conditional PUT) and advancing the slot (the representative window of
-tests/integration/test_faults.py on S3: the decode and merge windows are Delta commits, the same code as on a local
-lake, and each costs a JVM start this file's time budget has no room for), an idle sync that starts no JVM, and
-`recover --to s3a://...`. Gold equals
-PostgreSQL row by row after every phase (read with delta-rs through the configured endpoint), and at the end every
-Delta table in the bucket reads the same through delta-rs and Spark (s3a). Plus: a bronze object is never replaced.
+through the real CLI: the initial copy, inserts, updates, deletes, a column type change and a TRUNCATE, a crash in
+each window of tests/integration/test_faults.py (extract: after placing a bronze object with one conditional PUT,
+before advancing the slot; decode: after the `_catalog` commit, before silver's; merge: after the first table's gold
+commit, before the other tables and `_runs`), an idle sync that starts no JVM, and `recover --to s3a://...`. Gold
+equals PostgreSQL row by row after every phase (read with delta-rs through the configured endpoint), and at the end
+every Delta table in the bucket reads the same through delta-rs and Spark (s3a). Plus: a bronze object is never
+replaced.
 """
 from __future__ import annotations
 
@@ -78,6 +78,12 @@ def silver_end(paths: LakePaths) -> str | None:
     return last.end_lsn if last else None
 
 
+def gold_mark(paths: LakePaths, table: str) -> str | None:
+    """A gold table's merge watermark, from its Delta log on S3."""
+    last = delta_log.latest_slotlake_commit(paths.gold(*table.split(".")), "merge")
+    return last.end_lsn if last else None
+
+
 def run_ends(paths: LakePaths) -> set[str]:
     """The end LSNs of the complete merge runs in `_runs` (read with delta-rs through the endpoint)."""
     return {str(Lsn(v)) for v in read_delta_rs(paths.runs).column("run_end_lsn").to_pylist()}
@@ -125,10 +131,18 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     placed = bronze.list_bronze(paths.root)
     assert placed and placed[-1].path.startswith(f"s3a://{s3_bucket}/") and placed[-1].end_lsn > before
     assert slot_confirmed(pg_db) == before  # the object is durable, the slot not advanced
+    # the decode window: the next sync archives the rest, commits the ALTER's new catalog version to `_catalog` on S3
+    # and dies before silver's commit; the one after re-applies the catalog (nothing added) and finishes
     catalog_before = read_delta_rs(paths.catalog).num_rows
+    silver_before = silver_end(paths)
+    sync(cfg, "decode_after_catalog")
+    assert silver_end(paths) == silver_before  # silver did not move...
+    catalog_rows = read_delta_rs(paths.catalog).num_rows
+    assert catalog_rows > catalog_before  # ...but the catalog commit landed on S3: the window was really hit
     report, _ = sync(cfg)
-    assert read_delta_rs(paths.catalog).num_rows > catalog_before  # the ALTER's new catalog version, on S3
-    assert report["spark_skipped"] is False and report["decoded_changes"] > 0, report
+    assert silver_end(paths) != silver_before
+    assert read_delta_rs(paths.catalog).num_rows == catalog_rows
+    assert report["spark_skipped"] is False and report["merged"], report
     assert_gold(paths, pg_db)
     files = bronze.list_bronze(paths.root)
     assert all(b.start_lsn >= a.end_lsn for a, b in zip(files, files[1:])), files  # no LSN range twice
@@ -144,10 +158,22 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
             "INSERT INTO items VALUES (1, 'after truncate', 1, 9.99, now()), (2, 'b', 2, 0.01, NULL)",
             "UPDATE items SET qty = 3 WHERE id = 2",
             "INSERT INTO notes VALUES (1000, 'late')")
+    # the merge window: dies right after the first table's gold commit on S3, before the other table and `_runs`
+    silver_before = silver_end(paths)
+    sync(cfg, "merge_after_first_table")
+    end = silver_end(paths)
+    assert end != silver_before  # this run's decode finished
+    marks = {t: gold_mark(paths, t) for t in TABLES}
+    assert end in marks.values() and set(marks.values()) != {end}, (end, marks)  # one table committed, not both
+    assert end not in run_ends(paths)
     report, _ = sync(cfg)
+    assert silver_end(paths) == end  # nothing new: the re-run only finished the merge
     assert_gold(paths, pg_db)
-    assert {m["table"] for m in report["merged"]} == set(TABLES), report["merged"]
-    assert silver_end(paths) in run_ends(paths)  # the run is complete in _runs (read from S3 with delta-rs)
+    assert report["merged"], report
+    for t in TABLES:  # each table holds this run's changes exactly once: the committed one was not merged again
+        commits = [c for c in delta_log.commits(paths.gold(*t.split("."))) if c.end_lsn == end]
+        assert len(commits) == 1, (t, commits)
+    assert end in run_ends(paths)  # the run is complete in _runs (read from S3 with delta-rs)
 
     # 4. nothing new: decided from the Delta logs and bronze on S3, no Spark app, no JVM
     report, log = sync(cfg)

@@ -113,6 +113,8 @@ def test_history_covers_from_its_start_to_its_watermark(lsn, covered):
     ("16/B374D848", True), ("0/0", True), ("2024-03-01", True), ("2024-03-01T09:14", True),
     ("2024-03-01 09:14:00.123456", True), ("2024-03-01T09:14:00Z", True), ("2024-03-01T09:14:00+02:00", True),
     ("yesterday", False), ("16-B374D848", False), ("", False), ("2024-03-01T09", True), ("2024-03-01T", False),
+    ("2024-13-01", False), ("2024-03-32", False), ("2024-03-01T25:00", False), ("2024-03-01T09:60", False),
+    ("2024-03-01T23:59:59", True), ("2024-12-31T00:00+05:30", True),
 ], ids=lambda v: str(v))
 def test_the_dag_form_pattern_accepts_exactly_what_the_cli_parses(text, ok):
     import re

@@ -39,8 +39,9 @@ log = logging.getLogger(__name__)
 DEFAULT_INTO_SCHEMA = "recovered"
 # What `--as-of` accepts, as a JSON-schema pattern (the DAG's form validates with it; `parse_point` decides).
 AS_OF_PATTERN = (r"^\s*([0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}|"
-                 r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}(:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?)?)?"
-                 r"(Z|[+-][0-9]{2}(:?[0-9]{2})?)?)\s*$")
+                 r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+                 r"([T ]([01][0-9]|2[0-3])(:[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?)?)?"
+                 r"(Z|[+-]([01][0-9]|2[0-3])(:?[0-5][0-9])?)?)\s*$")
 _POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
 
