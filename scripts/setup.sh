@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything slotlake needs on a Debian machine, idempotently:
-#   - Debian packages: the PostgreSQL server (initdb/pg_ctl), Java 17, Maven (only those missing)
+#   - Debian packages: the PostgreSQL server (initdb/pg_ctl), Java 17, Maven, Chromium and its chromedriver
+#     for the browser tests (only those missing)
 #   - .venv/ at the repo root with the pinned requirements and slotlake itself (editable, all extras)
 #   - the Delta jars from Maven Central into .jars/ (spark.jars points there; Spark never downloads at start),
 #     and the S3 jars (hadoop-aws, the AWS SDK bundle) into .jars/s3/ (used only for an s3a:// lake)
@@ -14,6 +15,9 @@ pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
 command -v java >/dev/null 2>&1 || need_pkgs+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_pkgs+=(maven)
 command -v python3 >/dev/null 2>&1 || need_pkgs+=(python3 python3-venv)
+# The browser tests (tests/ui) drive Debian's headless Chromium through its chromedriver: nothing downloads a browser.
+command -v chromium >/dev/null 2>&1 || need_pkgs+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_pkgs+=(chromium-driver)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "setup: installing Debian packages: ${need_pkgs[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

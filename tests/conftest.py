@@ -243,8 +243,8 @@ def s3_bucket(s3_server) -> str:
 # that with `pytest -n 2 --dist loadfile` (scripts/test.sh) they overlap with the many short ones instead of
 # running alone at the end. Measured on 2 idle cores: replay_airflow 380 s, faults 260 s, e2e 200 s per PostgreSQL
 # version (it runs on two), dags 115 s, replay 100 s, cli 95 s; everything else under a minute per file.
-LONG_FIRST = ["test_e2e_workload.py", "test_replay_airflow.py", "test_faults.py", "test_standalone_cluster.py",
-              "test_s3_lake.py",
+LONG_FIRST = ["test_e2e_workload.py", "test_airflow_ui.py", "test_replay_airflow.py", "test_faults.py",
+              "test_standalone_cluster.py", "test_s3_lake.py", "test_assets.py",
               "test_publications.py", "test_concurrent_runs.py", "test_dags.py", "test_replay.py", "test_cli.py",
               "test_pg_versions.py",
               "test_numeric.py", "test_quoted_names.py", "test_replay_coverage.py", "test_schema_evolution.py",
@@ -262,7 +262,7 @@ def pytest_collection_modifyitems(session, config, items):
 
     def key(item):
         path = Path(str(item.fspath))
-        return (rank.get(path.name, len(LONG_FIRST)) if path.parent.name == "integration" else len(LONG_FIRST),
+        return (rank.get(path.name, len(LONG_FIRST)) if path.parent.name in ("integration", "ui") else len(LONG_FIRST),
                 order[id(item)])
 
     items.sort(key=key)

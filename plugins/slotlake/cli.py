@@ -22,12 +22,11 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from slotlake.config import ENV_VAR, Config, load_config
 from slotlake.errors import SlotlakeError
-from slotlake.lsn import Lsn
-from slotlake.names import TableName
+from slotlake.status import runs_status as runs_status  # re-exported: the CLI's answer for other lake schemes
+from slotlake.status import source_status
 
 log = logging.getLogger("slotlake.cli")
 
@@ -57,52 +56,6 @@ def run_sync(cfg: Config, args: argparse.Namespace) -> int:
             print(f"  {t.table}: +{t.inserted} ~{t.updated} -{t.deleted} rows, applied up to {t.applied_lsn} "
                   f"(gold version {t.gold_version})")
     return 0
-
-
-def source_status(cfg: Config, source_name: str) -> dict[str, Any]:
-    """The slot's state and, per gold table, the LSN it has applied up to and when that merge committed."""
-    from slotlake import delta_log
-    from slotlake.lake import LakePaths
-    from slotlake.pipeline import plain
-    from slotlake.source.status import slot_status
-
-    source = cfg.source(source_name)
-    paths = LakePaths.of(cfg.lake, source_name)
-    tables = [] if delta_log.readable(paths.root) else runs_status(cfg, paths.runs)
-    for schema, table in delta_log.gold_tables(paths.root) if delta_log.readable(paths.root) else ():
-        # The newest watermarked commit: a merge, or the initial copy's load (applied up to its consistent point).
-        last = delta_log.latest_slotlake_commit(paths.gold(schema, table))
-        tables.append({"table": str(TableName(schema, table)), "applied_lsn": last.end_lsn if last else None,
-                       "applied_by": last.stage if last else None,
-                       "gold_version": last.version if last else None,
-                       "committed_at": last.timestamp.isoformat() if last else None})
-    return {"source": source_name, "slot": plain(slot_status(source)), "lake": paths.root, "tables": tables}
-
-
-def runs_status(cfg: Config, runs_path: str) -> list[dict[str, Any]]:
-    """Per gold table, its latest `_runs` row, read with a local Spark session (for lakes on object stores)."""
-    from pyspark.sql import SparkSession
-
-    from slotlake.spark.session import get_spark
-
-    ours = SparkSession.getActiveSession() is None  # inside a caller's session (tests), leave it running
-    spark = get_spark("slotlake-status", "local[1]", cfg.spark.conf, storage=cfg.storage)
-    try:
-        from pyspark.sql import functions as F
-        from pyspark.sql.utils import AnalysisException
-
-        try:
-            runs = spark.read.format("delta").load(runs_path)
-        except AnalysisException:
-            return []  # no run has finished yet
-        latest = (runs.groupBy("schema_name", "table_name")
-                  .agg(F.max(F.struct("run_end_lsn", "gold_version", "finished_at")).alias("r"))
-                  .select("schema_name", "table_name", "r.*").orderBy("schema_name", "table_name").collect())
-    finally:
-        if ours:
-            spark.stop()
-    return [{"table": str(TableName(r.schema_name, r.table_name)), "applied_lsn": str(Lsn(r.run_end_lsn)),
-             "gold_version": r.gold_version, "committed_at": r.finished_at.isoformat()} for r in latest]
 
 
 def run_status(cfg: Config, args: argparse.Namespace) -> int:

@@ -81,9 +81,14 @@ QUARANTINE: Columns = (
 
 RUNS: Columns = (
     ("run_end_lsn", "long"), ("schema_name", "string"), ("table_name", "string"), ("gold_version", "long"),
-    ("finished_at", "timestamp"),
+    ("finished_at", "timestamp"),  # when the run's every table had merged (one value per run)
+    # Added after the first release (the status view's durations, throughput and lag): older _runs tables get
+    # them by ALTER TABLE ADD COLUMNS, and their earlier rows read NULL there.
+    ("started_at", "timestamp"),  # when this run's merge of the table began
+    ("changes", "long"),  # silver rows of the table the run applied (0: the table was already up to date)
+    ("last_commit_ts", "timestamp"),  # commit time of the newest change applied (NULL: none); lag = finished - it
 )
-"""`_runs`: per merge run and table, the gold version it left."""
+"""`_runs`: per merge run and table, the gold version it left, when, and how much it applied."""
 
 # Gold: the source table's columns, then these.
 LSN_COL = "_slotlake_lsn"  # commit LSN of the row's last change

@@ -11,11 +11,15 @@ nothing to Hadoop paths and globs, URIs, S3 keys or delta-rs.
 Dots are encoded too, so `<schema>.<table>` (the initial copies' folders) is unambiguous, and no segment is
 hidden (`.x`) or climbs (`..`). The encoding never touches case: on a case-insensitive file system (macOS,
 Windows) two tables whose names differ only in case would share a folder.
+
+A gold table's name outside the lake (its Airflow Asset, `slotlake.airflow.assets`) is `gold_asset_uri`:
+`slotlake://<source>/<schema>/<table>`, the names percent-encoded as URI path segments.
 """
 from __future__ import annotations
 
 import re
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass
 
@@ -56,6 +60,21 @@ def name_of_segment(segment: str) -> str | None:
 def table_dir(base: str, schema: str, table: str) -> str:
     """`<base>/<schema>/<table>` with both names encoded: gold tables, replay `--dest` and scratch tables."""
     return f"{base.rstrip('/')}/{path_segment(schema)}/{path_segment(table)}"
+
+
+def gold_asset_uri(source: str, schema: str, table: str) -> str:
+    """`slotlake://<source>/<schema>/<table>`: the URI of a gold table as an Airflow Asset (and anywhere a gold table
+    is named by URI). Schema and table are the names as PostgreSQL holds them, case kept, each percent-encoded as one
+    path segment (UTF-8; everything but ASCII letters, digits and `_.-~`, and a name of only dots), so
+    `public.orders` is `slotlake://shop/public/orders` and `"Sales Dept"."Order/Items"` is
+    `slotlake://shop/Sales%20Dept/Order%2FItems`. The result is already in the form Airflow stores (lower-case
+    scheme, no trailing slash, query or fragment), so `Asset(uri).uri == uri` and an Asset's name and URI agree."""
+    def segment(name: str) -> str:
+        if not name:
+            raise ValueError("an empty name has no URI segment")
+        quoted = urllib.parse.quote(name, safe="")
+        return quoted.replace(".", "%2E") if not name.strip(".") else quoted  # "." and ".." are not path steps
+    return f"slotlake://{source}/{segment(schema)}/{segment(table)}"
 
 
 @dataclass(frozen=True)

@@ -177,29 +177,47 @@ def _table_merge(path: str, table: str, since: int) -> TableMerge:
                       inserted=inserted, updated=updated, deleted=deleted)
 
 
+def merged_tables(cfg: Config, source_name: str, extracted: Mapping[str, Any]) -> tuple[TableMerge, ...]:
+    """The gold tables this run changed and what it did to each: every table with rows counted or a slotlake commit
+    after the Delta version the run's extract recorded (its XCom's `lake_versions`), counted from those commits'
+    metrics. Serves the report and the sync DAG's asset events (`slotlake.airflow.assets`). Empty when the lake
+    cannot be read without Spark (`delta_log.readable`)."""
+    paths = LakePaths.of(cfg.lake, source_name)
+    if not delta_log.readable(paths.root):
+        return ()
+    since_gold: Mapping[str, int] = (extracted.get("lake_versions") or {}).get("gold") or {}
+    merged = []
+    for schema, table in delta_log.gold_tables(paths.root):
+        name = str(TableName(schema, table))
+        t = _table_merge(paths.gold(schema, table), name, since_gold.get(name, -1))
+        if t.inserted or t.updated or t.deleted or since_gold.get(name, -1) < (t.gold_version or -1):
+            merged.append(t)
+    return tuple(merged)
+
+
+def gold_event_extra(source_name: str, merged: TableMerge) -> dict[str, Any]:
+    """What a run tells consumers about one gold table it changed (the `extra` of its Airflow asset event):
+    source, table (`schema.table`, canonical form), applied_lsn (the table's watermark), gold_version and the rows
+    inserted, updated and deleted. JSON values only."""
+    return {"source": source_name, **plain(merged)}
+
+
 def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) -> SyncReport:
     """Summarise the run from the lake's Delta logs and the slot's state, and log the one summary line."""
     from slotlake.source.status import slot_status
 
     paths = LakePaths.of(cfg.lake, source_name)
     before = extracted.get("lake_versions") or {}
-    since_gold: Mapping[str, int] = before.get("gold") or {}
     decoded: int | None = None
     quarantined: int | None = None
-    merged = []
-    readable = delta_log.readable(paths.root)
-    if readable:
+    if delta_log.readable(paths.root):
         decoded = sum(c.metrics.get("numOutputRows", 0) for c in delta_log.commits(paths.changes)
                       if c.version > before.get("changes", -1))
         quarantined = sum(c.metrics.get("numOutputRows", 0) for c in delta_log.commits(paths.quarantine)
                           if c.version > before.get("quarantine", -1))
     else:  # a scheme slotlake.storage cannot read: the Spark apps' own logs carry these counts
         log.info("lake %s cannot be read without Spark: the report leaves out the per-table counts", paths.root)
-    for schema, table in delta_log.gold_tables(paths.root) if readable else ():
-        name = str(TableName(schema, table))
-        t = _table_merge(paths.gold(schema, table), name, since_gold.get(name, -1))
-        if t.inserted or t.updated or t.deleted or since_gold.get(name, -1) < (t.gold_version or -1):
-            merged.append(t)
+    merged = merged_tables(cfg, source_name, extracted)
     status = plain(slot_status(cfg.source(source_name)))
     started = float(extracted.get("started_at") or time.time())
     pending = pending_of(extracted)
@@ -209,7 +227,7 @@ def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) ->
         archived_changes=_count(extracted.get("rows")),
         archived_bytes=_count(extracted.get("bytes")),
         decoded_changes=decoded,
-        merged=tuple(merged),
+        merged=merged,
         quarantined=quarantined,
         end_lsn=extracted.get("end_lsn"),
         slot_lag_bytes=status.get("lag_bytes"),

@@ -8,6 +8,9 @@ starts no Spark: it only reads the config.
 When the extract finds nothing due (`slotlake.pending`, in its XCom), decode and merge skip themselves before
 spark-submit (no JVM) and the report still runs; when only the merge is due (a merge that died halfway), only
 the decode is skipped.
+The merge emits an Airflow asset event for each gold table the run changed, through the AssetAlias
+`slotlake_gold__<source>` (`slotlake.airflow.assets`): downstream DAGs schedule on
+`Asset("slotlake://<source>/<schema>/<table>")`.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from typing import Any
 from airflow.sdk import DAG, TriggerRule, task
 
 from slotlake import pipeline
+from slotlake.airflow.assets import gold_alias, gold_events
 from slotlake.airflow.recover_dag import build_recover_dag
 from slotlake.airflow.replay_dag import build_replay_dag
 from slotlake.airflow.tasks import decode_due, merge_due, source_dag_kwargs, spark_conn_id, spark_task
@@ -47,7 +51,9 @@ def build_sync_dag(cfg: Config, source_name: str) -> DAG:
 
         decode = spark_task(spark_app(cfg, source_name, "decode"), "decode", conn_id, source, due=decode_due)
         # A skipped decode does not skip the merge: a merge can be due alone (one that died halfway).
+        # Its outlet is an alias: which gold tables changed is known only once the merge ran (slotlake.airflow.assets).
         merge = spark_task(spark_app(cfg, source_name, "merge"), "merge", conn_id, source, due=merge_due,
+                           after=gold_events(cfg, source_name), outlets=[gold_alias(source_name)],
                            trigger_rule=TriggerRule.NONE_FAILED)
         extracted = extract()
         done = report(extracted)  # type: ignore[arg-type]  # TaskFlow resolves the XComArg at run time

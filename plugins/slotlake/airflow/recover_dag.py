@@ -2,7 +2,7 @@
 
 A manual DAG (no schedule): trigger it with the typed form (Params) and one task runs `slotlake recover` with them:
 
-- tables: schema.table names (a multi-select of the configured tables when the source lists them);
+- tables: schema.table names, one per line (checked against the configured tables when the source lists them);
 - as_of: an LSN (`16/B374D848`) or an ISO time (UTC unless it carries a zone): the last commit at or before it;
 - target: `delta` (destination: a folder/URI; one Delta table per table at `<destination>/<schema>/<table>`) or
   `postgres` (destination: a postgresql:// URL; tables `<into_schema>.<table>`), `replace` to overwrite;

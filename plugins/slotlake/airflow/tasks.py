@@ -89,6 +89,21 @@ def _release_lock(context: Mapping[str, Any], *_: Any) -> None:
 
 
 Due = Callable[[Mapping[str, Any]], str | None]  # (task context) -> why the app must run, None: skip it
+After = Callable[[Mapping[str, Any]], None]  # (task context) -> records what the app did (asset events)
+
+
+def _post_execute(after: After | None) -> Callable[..., None]:
+    """The post_execute of a Spark task: `after` (still under the run lock, so it reads what this app wrote and
+    nothing a later run wrote), then the lock's release. A failing `after` fails the task; clearing it re-runs a
+    no-op app and `after` again."""
+    def run(context: Mapping[str, Any], *_: Any) -> None:
+        try:
+            if after is not None:
+                after(context)
+        finally:
+            _release_lock(context)
+
+    return run
 
 
 def _extract_pending(context: Mapping[str, Any]) -> PendingWork:
@@ -123,10 +138,10 @@ def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig,
 
 
 def spark_submit_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig, due: Due | None = None,
-                      **kwargs: Any) -> SparkSubmitOperator:
+                      after: After | None = None, **kwargs: Any) -> SparkSubmitOperator:
     """A SparkSubmitOperator running `app` exactly as `slotlake.spark.submit.run_spark_app` would, holding the
     source's run lock (`slotlake.source.lock`) while it runs; with `due`, it skips itself (before spark-submit)
-    when `due(context)` gives no reason to run."""
+    when `due(context)` gives no reason to run; with `after`, calls it once the app succeeded (post_execute)."""
     return SparkSubmitOperator(
         task_id=task_id,
         application=app.application,
@@ -137,19 +152,19 @@ def spark_submit_task(app: SparkApp, task_id: str, conn_id: str, source: SourceC
         env_vars=dict(app.env),
         spark_binary=app.spark_submit,
         pre_execute=_pre_execute(app, due, source, conn_id),
-        post_execute=_release_lock,
+        post_execute=_post_execute(after),
         on_failure_callback=_release_lock,
         **kwargs,
     )
 
 
 def spark_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig, due: Due | None = None,
-               **kwargs: Any):
+               after: After | None = None, **kwargs: Any):
     """The task running `app`: a SparkSubmitOperator, or with `spark.server` configured a Python task sending it
     to the Spark server (`run_spark_app`: falls back to spark-submit if the server cannot take it), with the same
-    run lock and skip rule."""
+    run lock, skip rule and `after`."""
     if not app.server:
-        return spark_submit_task(app, task_id, conn_id, source, due, **kwargs)
+        return spark_submit_task(app, task_id, conn_id, source, due, after, **kwargs)
 
     def run_on_spark_server() -> None:
         run_spark_app(app)
@@ -160,7 +175,7 @@ def spark_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig, 
         # No connection to target (conn_id None): the server's driver has the code; a spark-submit fallback
         # (run_spark_app) ships its own zip for a cluster master.
         pre_execute=_pre_execute(app, due, source),
-        post_execute=_release_lock,
+        post_execute=_post_execute(after),
         on_failure_callback=_release_lock,
         **kwargs,
     )

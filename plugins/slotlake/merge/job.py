@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 
@@ -100,6 +100,8 @@ class TableMergeResult:
     up_to_date: bool = False  # the table's watermark was already at the run end: nothing done
     schema_changes: tuple[str, ...] = ()  # what the run did to the gold schema ("added c", "renamed a to b", ...)
     notes: tuple[str, ...] = ()  # what slotlake could not see (e.g. defaults of columns added without DDL capture)
+    started_at: datetime | None = None  # when the run's merge of this table began (UTC)
+    last_commit_ts: datetime | None = None  # commit time of the newest change applied (UTC); None: no change
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,9 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
 
     def one(name: tuple[str, str]) -> TableMergeResult:
         gold = gold_path_for(*name) if gold_path_for else paths.gold(*name)
-        return _merge_table(spark.newSession(), src, paths, name[0], name[1], end, changes_path, gold, definitions)
+        started = datetime.now(UTC)
+        result = _merge_table(spark.newSession(), src, paths, name[0], name[1], end, changes_path, gold, definitions)
+        return replace(result, started_at=started)
 
     # Tables merge concurrently (each in its own session: invariant 4), at most _MAX_PARALLEL_TABLES at a time so a
     # source with hundreds of tables does not hold hundreds of cached batches in the driver at once.
@@ -203,7 +207,8 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
         return report
     finished = datetime.now(UTC)
     runs = spark.createDataFrame(
-        [(int(end), r.schema_name, r.table_name, r.gold_version, finished) for r in results.values()],
+        [(int(end), r.schema_name, r.table_name, r.gold_version, finished, r.started_at, r.changes, r.last_commit_ts)
+         for r in results.values()],
         contracts.ddl(RUNS_SCHEMA))
     ensure_table(spark, paths.runs, RUNS_SCHEMA)
     # A run over every table marks its commit with the run's end: the sync's no-Spark check (slotlake.pending)
@@ -211,7 +216,8 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
     if tables is None and end_lsn is None:
         spark.conf.set(USER_METADATA, stage_metadata(end, RUNS_STAGE))
     try:
-        # Keyed by (run end, table) so a re-run adds nothing.
+        # Keyed by (run end, table) so a re-run adds nothing (a re-run after a crash before this commit records
+        # 0 changes for the tables the crashed run had already merged: their changes are in the gold commits).
         (DeltaTable.forPath(spark, paths.runs).alias("t")
          .merge(runs.alias("s"), "t.run_end_lsn = s.run_end_lsn AND t.schema_name = s.schema_name "
                                   "AND t.table_name = s.table_name")
@@ -273,10 +279,14 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         F.count(F.when((F.col("op") == "I") & (F.coalesce(F.size("unchanged"), F.lit(0)) <= 0), 1)).alias("plain"),
         # changes with unchanged TOAST: only they need gold's rows to fill values (_keyed_final's seeds)
         F.count(F.when(F.coalesce(F.size("unchanged"), F.lit(0)) > 0, 1)).alias("toast"),
+        F.max("commit_ts").alias("last_ts"),
     ).collect()
     n = sum(int(g["n"]) for g in groups)
     if n == 0:
         return TableMergeResult(schema, table, 0, state.version)
+    last_ts = max((g["last_ts"] for g in groups if g["last_ts"] is not None), default=None)
+    # Spark returns naive datetimes in this process's local time (and reads naive ones back the same way).
+    last_commit_ts = last_ts.astimezone(UTC) if last_ts is not None else None
     truncs = [tuple(g["trunc"]) for g in groups if g["trunc"] is not None]
     trunc = _Truncate(*max(truncs)) if truncs else None
     plain = sum(int(g["plain"]) for g in groups)  # plain inserts of the batch
@@ -286,7 +296,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     schema_changes: list[str] = []
     if not layouts:  # only TRUNCATE in the batch
         if not exists:
-            return TableMergeResult(schema, table, n, None, truncated=True)
+            return TableMergeResult(schema, table, n, None, truncated=True, last_commit_ts=last_commit_ts)
         existing = DeltaTable.forPath(session, gold).toDF().schema
         plan = None
         soft = DELETED_COL in existing.fieldNames()
@@ -362,7 +372,8 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         rows_updated=int(metrics.get("numTargetRowsUpdated", 0)),
         rows_deleted=int(metrics.get("numTargetRowsDeleted", 0)),
         quarantined=quarantined, unapplied=unapplied, truncated=trunc is not None,
-        schema_changes=tuple(schema_changes), notes=evo.notes if evo is not None else ())
+        schema_changes=tuple(schema_changes), notes=evo.notes if evo is not None else (),
+        last_commit_ts=last_commit_ts)
     log.info("merged %s: %d change(s) up to %s -> gold version %s (+%d ~%d -%d rows, %d quarantined)",
              name, n, end, version, result.rows_inserted, result.rows_updated, result.rows_deleted, quarantined)
     return result
