@@ -38,7 +38,8 @@ def build_replay_dag(cfg: Config, source_name: str) -> DAG:
         extra_tags=["replay"],
         default_args={"depends_on_past": True},
         params={
-            "tables": Param([], type="array", items={"type": "string"},
+            # Nullable: a non-null array is a required field in the UI's forms, and empty means every table.
+            "tables": Param(None, type=["null", "array"], items={"type": "string"},
                             description="schema.table names to rebuild; empty: every table of the source"),
             "dest": Param(None, type=["null", "string"],
                           description="a folder: write <dest>/<interval end, "
