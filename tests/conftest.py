@@ -163,7 +163,7 @@ def pg_db(pg_db_server):
 @pytest.fixture(scope="session")
 def warm_spark_server(tmp_path_factory):
     """This worker's `slotlake spark-server` (a real one: the CLI's `spark-server` command on a free port), started
-    when a `warm_spark` test first needs it. Its address, for `SLOTLAKE_SPARK_SERVER`."""
+    when an integration test first needs it (`_warm_spark`). Its address, for `SLOTLAKE_SPARK_SERVER`."""
     import json
 
     from sparkserver import free_port, spark_server
@@ -180,14 +180,23 @@ def warm_spark_server(tmp_path_factory):
         yield address
 
 
+def uses_warm_spark(item) -> bool:
+    """Integration and browser tests run their Spark apps in this worker's warm server unless marked
+    `spark_submit`: the tests about spark-submit itself (its command lines, code shipping, the installed
+    package, a cluster), failpoints inside a Spark app (the server does not see the client's environment, and a
+    kill there would kill the server) and tests with a Spark server or Spark settings of their own."""
+    path = Path(str(item.fspath))
+    return path.parent.name in ("integration", "ui") and item.get_closest_marker("spark_submit") is None
+
+
 @pytest.fixture(autouse=True)
 def _warm_spark(request):
-    """`@pytest.mark.warm_spark`: every slotlake process the test starts (CLI syncs, `airflow dags test` tasks)
-    finds `SLOTLAKE_SPARK_SERVER` in its environment and runs its Spark apps in this worker's long-lived server
-    instead of a spark-submit each: the same app functions, without a JVM start and cold JIT per run (the
-    production path of `spark.server`). Tests about spark-submit itself, failpoints inside a Spark app (the server
-    does not see the client's environment) or a server of their own are not marked."""
-    if request.node.get_closest_marker("warm_spark") is None:
+    """Every slotlake process an integration test starts (CLI syncs, `airflow dags test` tasks, a scheduler's task
+    processes) finds `SLOTLAKE_SPARK_SERVER` in its environment and runs its Spark apps in this worker's
+    long-lived server instead of a spark-submit each: the same app functions without a JVM start and a cold JIT
+    per run (the production path of `spark.server`; a config's own `spark.server` still wins). The spark-submit
+    path keeps its own tests (`@pytest.mark.spark_submit`, see `uses_warm_spark`)."""
+    if not uses_warm_spark(request.node):
         yield
         return
     address = request.getfixturevalue("warm_spark_server")

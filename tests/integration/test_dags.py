@@ -83,6 +83,7 @@ def load_dagbag(env: dict[str, str]) -> dict:
 
 @pytest.mark.integration
 @pytest.mark.airflow
+@pytest.mark.spark_submit  # the SparkSubmitOperator tasks a config without spark.server gets
 def test_dag_shape_schedule_and_spark_submit(airflow_home, tmp_path):
     cfg = write_config(tmp_path / "slotlake.yaml", "postgresql://nobody@127.0.0.1:1/none")
     bag = load_dagbag(local_airflow_env(airflow_home, cfg))
@@ -150,6 +151,7 @@ def test_sync_dag_runs_gold_equals_postgres(pg_db, airflow_home, tmp_path):
 @pytest.mark.spark
 @pytest.mark.airflow
 @pytest.mark.slow
+@pytest.mark.spark_submit  # the DAG's SparkSubmitOperators end to end
 def test_sync_dag_with_nothing_new_skips_decode_and_merge(pg_db, airflow_home, tmp_path):
     """A DAG run after which nothing is due skips its SparkSubmit tasks before spark-submit (no JVM) and still
     reports; gold stays equal to PostgreSQL."""

@@ -43,7 +43,6 @@ def assert_all_tables_equal(spark, lake: Path, dsn: str) -> dict[str, int]:
 @pytest.mark.integration
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.warm_spark  # the syncs' Spark apps run in this worker's spark-server (test_cli.py: spark-submit)
 @pytest.mark.pg_versions  # once on the default server (Debian's 15), once on PostgreSQL 18
 # Soft mode here; tests/integration/test_faults.py runs the same workload in hard mode (the default).
 @pytest.mark.parametrize("delete_mode", ["soft"])

@@ -1,4 +1,5 @@
-"""Fault tests through the real pipeline (the CLI's `slotlake sync`, spark-submit, real PostgreSQL and Delta).
+"""Fault tests through the real pipeline (the CLI's `slotlake sync`, real PostgreSQL and Delta; the runs that are
+killed inside a Spark app use spark-submit, the others this worker's warm Spark server).
 
 One source, the workload of tests/workload.py (several tables, updates, deletes, key changes, unchanged TOAST,
 FULL duplicates, TRUNCATE), and one crash per phase, each in the window its stage must survive:
@@ -12,7 +13,6 @@ table without changes keeps its earlier watermark), and `_runs` with exactly one
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,22 +24,18 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import workload  # noqa: E402
+from clirun import slotlake  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake import delta_log  # noqa: E402
 from slotlake.bronze import list_bronze  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake.lsn import Lsn  # noqa: E402
 
-SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
 SOURCE = "wl"
 
 
 def run_sync(cfg: Path, failpoint: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "SLOTLAKE_FAILPOINT"}
-    if failpoint:
-        env["SLOTLAKE_FAILPOINT"] = failpoint
-    return subprocess.run([SLOTLAKE, "--config", str(cfg), "sync", SOURCE], capture_output=True, text=True,
-                          timeout=1200, env=env)
+    return slotlake(cfg, "sync", SOURCE, failpoint=failpoint, timeout=1200)
 
 
 def sync_ok(cfg: Path) -> None:

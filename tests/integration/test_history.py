@@ -10,15 +10,14 @@ History starts at the first merge with changes, from the gold rows the initial c
 from __future__ import annotations
 
 import collections
-import os
 import shutil
 import subprocess
 
 import psycopg
 import pytest
 
+from clirun import slotlake
 from integration.test_recover import (
-    SLOTLAKE,
     TABLES,
     Lake,
     _record,
@@ -141,11 +140,7 @@ def test_recover_reads_history_and_needs_no_bronze(spark, hlake, tmp_path):
 
 
 def _cli_sync(lake: Lake, failpoint: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "SLOTLAKE_FAILPOINT"}
-    if failpoint:
-        env["SLOTLAKE_FAILPOINT"] = failpoint
-    return subprocess.run([SLOTLAKE, "--config", str(lake.config_path), "sync", "src"], capture_output=True,
-                          text=True, timeout=1800, env=env, check=False)
+    return slotlake(lake.config_path, "sync", "src", failpoint=failpoint)
 
 
 def test_a_sync_killed_between_history_and_gold_loses_and_repeats_nothing(spark, hlake, tmp_path):

@@ -5,8 +5,6 @@ REPLICA IDENTITY FULL table with duplicate rows). Gold is compared with PostgreS
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,13 +14,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from clirun import launched_apps, slotlake  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake import delta_log  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
-SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
 SOURCE = "shop"
 
 
@@ -35,11 +33,7 @@ def write_config(path: Path, dsn: str, tables: list[str]) -> Path:
 def sync(cfg: Path, failpoint: str | None = None) -> tuple[dict, str]:
     """One `slotlake sync --json` in a new process: (report, stderr log). Fails the test if the sync failed,
     unless a failpoint was asked for (then the report is empty)."""
-    env = {k: v for k, v in os.environ.items() if k != "SLOTLAKE_FAILPOINT"}
-    if failpoint:
-        env["SLOTLAKE_FAILPOINT"] = failpoint
-    out = subprocess.run([SLOTLAKE, "--config", str(cfg), "sync", SOURCE, "--json"], capture_output=True, text=True,
-                         timeout=1200, env=env)
+    out = slotlake(cfg, "sync", SOURCE, "--json", failpoint=failpoint, timeout=1200)
     if failpoint:
         assert out.returncode != 0, f"failpoint {failpoint} did not stop the sync:\n{out.stderr[-3000:]}"
         return {}, out.stderr
@@ -50,13 +44,13 @@ def sync(cfg: Path, failpoint: str | None = None) -> tuple[dict, str]:
 def assert_skipped(report: dict, log: str) -> None:
     assert report["spark_skipped"] is True, report["spark"]
     assert report["spark"].startswith("decode and merge skipped: nothing new"), report["spark"]
-    assert "submitting slotlake-" not in log  # run_spark_app was never called: no spark-submit, no JVM
+    assert launched_apps(log) == []  # run_spark_app was never called: no spark-submit, no Spark server request
 
 
 def assert_ran(report: dict, log: str, due: str) -> None:
     assert report["spark_skipped"] is False
     assert due in report["spark"], report["spark"]
-    assert "submitting slotlake-" in log
+    assert launched_apps(log), log[-3000:]
 
 
 def assert_gold(paths: LakePaths, dsn: str, tables: list[str]) -> None:
@@ -116,7 +110,7 @@ def test_idle_sync_skips_spark_and_every_pending_case_runs_it(pg_db, tmp_path):
     report, log = sync(cfg)
     assert_ran(report, log, f"silver is at {silver_end}, the last complete merge run at")
     assert report["spark"].startswith("merge due:"), report["spark"]
-    assert "submitting slotlake-merge-" in log
+    assert launched_apps(log) == ["merge"], log[-3000:]
     assert_gold(paths, pg_db, tables)
     report, log = sync(cfg)
     assert_skipped(report, log)

@@ -32,6 +32,7 @@ def _run(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: int = 900) 
 @pytest.mark.integration
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.spark_submit  # the installed package's own entry point under spark-submit
 def test_wheel_in_a_fresh_venv_installs_ddl_capture_and_syncs_outside_the_checkout(pg_db, tmp_path):
     work = tmp_path / "elsewhere"  # not inside the checkout
     work.mkdir()

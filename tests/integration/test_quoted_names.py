@@ -85,7 +85,6 @@ def write_config(path: Path, dsn: str) -> Path:
 @pytest.mark.integration
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.warm_spark
 def test_quoted_tables_and_columns_sync_end_to_end(pg_db, tmp_path, spark):
     run_sql(pg_db, [SCHEMA])
     cfg = write_config(tmp_path / "slotlake.yaml", pg_db)

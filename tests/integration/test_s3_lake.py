@@ -29,7 +29,8 @@ from slotlake.errors import ExtractError  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake.lsn import Lsn  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
+              pytest.mark.spark_submit]  # an s3a lake: the apps need the S3 settings and jars of its config; kills inside apps
 
 SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
 SOURCE = "shop"

@@ -21,7 +21,8 @@ from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from sparkserver import free_port, spark_server  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
+              pytest.mark.spark_submit]  # its own server in the config, and the fallback to spark-submit
 
 SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
 SOURCE = "shop"

@@ -28,7 +28,8 @@ from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake_dev.airflow_local import dags_test, local_airflow_env, migrate  # noqa: E402
 from sparkcluster import executor_python, standalone_cluster  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
+              pytest.mark.spark_submit]  # apps submitted to a cluster master
 
 SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
 SOURCE = "shop"

@@ -28,8 +28,7 @@ from slotlake_dev.airflow_local import AirflowServers, free_port, local_airflow_
 
 from .browser import Screenshots, chromium, wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow, pytest.mark.ui,
-              pytest.mark.warm_spark]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow, pytest.mark.ui]
 
 SOURCE = "shop"
 TABLES = ["public.orders", "public.customers"]

@@ -1,0 +1,43 @@
+"""The `slotlake` console script as the integration tests run it: a new process, with or without a failpoint."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from slotlake import failpoints
+
+ROOT = Path(__file__).resolve().parents[1]
+SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
+
+# Failpoints that kill the Spark app's own process: they need a spark-submit of their own (a kill inside this
+# worker's warm Spark server would kill the server, and the server does not see the client's environment).
+APP_FAILPOINTS = frozenset({failpoints.DECODE_AFTER_CATALOG, failpoints.MERGE_AFTER_HISTORY,
+                            failpoints.MERGE_AFTER_FIRST_TABLE})
+
+# A Spark app started by `slotlake.spark.submit.run_spark_app`: "submitting slotlake-merge-shop-... to ..." with
+# spark-submit, "running slotlake-merge-shop-... on the Spark server at ..." on a server.
+_LAUNCH = re.compile(r"(?:submitting|running) slotlake-(\w+)-")
+
+
+def cli_env(failpoint: str | None = None) -> dict[str, str]:
+    """This process's environment for a `slotlake` child, with `failpoint` set (or none)."""
+    env = {k: v for k, v in os.environ.items() if k != failpoints.ENV}
+    if failpoint:
+        env[failpoints.ENV] = failpoint
+        if failpoint in APP_FAILPOINTS:
+            env.pop("SLOTLAKE_SPARK_SERVER", None)
+    return env
+
+
+def slotlake(cfg: Path | str, *args: str, failpoint: str | None = None,
+             timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    """`slotlake --config CFG ARGS...` in a new process; its result whatever the exit code."""
+    return subprocess.run([SLOTLAKE, "--config", str(cfg), *args], capture_output=True, text=True,
+                          timeout=timeout, env=cli_env(failpoint), check=False)
+
+
+def launched_apps(log: str) -> list[str]:
+    """The stages of the Spark apps a run's log says it started (spark-submit or the Spark server), in order."""
+    return _LAUNCH.findall(log)
