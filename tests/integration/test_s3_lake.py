@@ -30,7 +30,7 @@ from slotlake.lake import LakePaths  # noqa: E402
 from slotlake.lsn import Lsn  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
-              pytest.mark.spark_submit]  # an s3a lake: the apps need the S3 settings and jars of its config; kills inside apps
+              pytest.mark.spark_submit]  # s3a: the apps need its S3 settings and jars; kills in apps
 
 SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
 SOURCE = "shop"
