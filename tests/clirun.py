@@ -41,3 +41,18 @@ def slotlake(cfg: Path | str, *args: str, failpoint: str | None = None,
 def launched_apps(log: str) -> list[str]:
     """The stages of the Spark apps a run's log says it started (spark-submit or the Spark server), in order."""
     return _LAUNCH.findall(log)
+
+
+def sync_ok(cfg: Path | str, source: str, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    """`slotlake sync SOURCE ARGS...`, which must succeed (else the test fails with the end of its output)."""
+    out = slotlake(cfg, "sync", source, *args, timeout=timeout)
+    assert out.returncode == 0, f"sync failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    return out
+
+
+def sync_crashes(cfg: Path | str, source: str, failpoint: str, *args: str,
+                 timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    """`slotlake sync SOURCE ARGS...` with `failpoint` set, which must stop it (a non-zero exit)."""
+    out = slotlake(cfg, "sync", source, *args, failpoint=failpoint, timeout=timeout)
+    assert out.returncode != 0, f"failpoint {failpoint} did not stop the sync:\n{(out.stdout + out.stderr)[-3000:]}"
+    return out

@@ -2,7 +2,6 @@
 each sync (the database is the oracle)."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,15 +12,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import workload  # noqa: E402
+from clirun import sync_ok  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
-
-SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
 
 
 def sync(cfg: Path) -> str:
-    out = subprocess.run([SLOTLAKE, "--config", str(cfg), "sync", "wl"], capture_output=True, text=True, timeout=1200)
-    assert out.returncode == 0, f"sync failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
-    return out.stdout
+    return sync_ok(cfg, "wl").stdout
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ table without changes keeps its earlier watermark), and `_runs` with exactly one
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,8 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
+import clirun  # noqa: E402
 import workload  # noqa: E402
-from clirun import slotlake  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake import delta_log  # noqa: E402
 from slotlake.bronze import list_bronze  # noqa: E402
@@ -34,20 +33,13 @@ from slotlake.lsn import Lsn  # noqa: E402
 SOURCE = "wl"
 
 
-def run_sync(cfg: Path, failpoint: str | None = None) -> subprocess.CompletedProcess:
-    return slotlake(cfg, "sync", SOURCE, failpoint=failpoint, timeout=1200)
-
-
 def sync_ok(cfg: Path) -> None:
-    out = run_sync(cfg)
-    assert out.returncode == 0, f"sync failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    clirun.sync_ok(cfg, SOURCE)
 
 
 def sync_crashes(cfg: Path, failpoint: str) -> str:
-    out = run_sync(cfg, failpoint)
-    text = out.stdout + out.stderr
-    assert out.returncode != 0, f"failpoint {failpoint} did not stop the sync:\n{text[-3000:]}"
-    return text
+    out = clirun.sync_crashes(cfg, SOURCE, failpoint)
+    return out.stdout + out.stderr
 
 
 def slot_confirmed(dsn: str) -> Lsn:

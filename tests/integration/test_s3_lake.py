@@ -10,8 +10,6 @@ replaced.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,8 +19,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
+import clirun  # noqa: E402
 from delta_readers import check_bucket, read_delta_rs  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
+from pgclock import run_sql  # noqa: E402
 from slotlake import bronze, delta_log, storage  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
 from slotlake.errors import ExtractError  # noqa: E402
@@ -32,7 +32,6 @@ from slotlake.lsn import Lsn  # noqa: E402
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
               pytest.mark.spark_submit]  # s3a: the apps need its S3 settings and jars; kills in apps
 
-SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
 SOURCE = "shop"
 TABLES = ["public.items", "public.notes"]
 
@@ -46,22 +45,10 @@ def write_config(path: Path, s3_server, bucket: str, dsn: str) -> Path:
 
 
 def sync(cfg: Path, failpoint: str | None = None) -> tuple[dict, str]:
-    env = {k: v for k, v in os.environ.items() if k != "SLOTLAKE_FAILPOINT"}
     if failpoint:
-        env["SLOTLAKE_FAILPOINT"] = failpoint
-    out = subprocess.run([SLOTLAKE, "--config", str(cfg), "sync", SOURCE, "--json"], capture_output=True, text=True,
-                         timeout=1200, env=env)
-    if failpoint:
-        assert out.returncode != 0, f"failpoint {failpoint} did not stop the sync:\n{out.stderr[-3000:]}"
-        return {}, out.stderr
-    assert out.returncode == 0, f"sync failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+        return {}, clirun.sync_crashes(cfg, SOURCE, failpoint, "--json").stderr
+    out = clirun.sync_ok(cfg, SOURCE, "--json")
     return json.loads(out.stdout), out.stderr
-
-
-def run_sql(dsn: str, *statements: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for s in statements:
-            conn.execute(s)
 
 
 def slot_confirmed(dsn: str) -> Lsn:
@@ -180,13 +167,12 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     report, log = sync(cfg)
     assert report["spark_skipped"] is True, report["spark"]
     assert report["spark"].startswith("decode and merge skipped: nothing new"), report["spark"]
-    assert "submitting slotlake-" not in log  # run_spark_app was never called: no spark-submit, no JVM
+    assert clirun.launched_apps(log) == []  # run_spark_app was never called: no spark-submit, no JVM
     assert delta_log.readable(paths.root) and delta_log.latest_slotlake_commit(paths.changes, "decode")
 
     # 5. recover both tables as of `point` into the bucket, compared with PostgreSQL as it was then
-    out = subprocess.run([SLOTLAKE, "--config", str(cfg), "recover", SOURCE, "--as-of", str(point),
-                          "--table", TABLES[0], "--table", TABLES[1], "--to", f"s3a://{s3_bucket}/out", "--json"],
-                         capture_output=True, text=True, timeout=1200)
+    out = clirun.slotlake(cfg, "recover", SOURCE, "--as-of", str(point), "--table", TABLES[0], "--table", TABLES[1],
+                          "--to", f"s3a://{s3_bucket}/out", "--json", timeout=1200)
     assert out.returncode == 0, out.stderr[-4000:]
     for t in TABLES:
         name = t.split(".")[1]

@@ -20,6 +20,7 @@ from deltalake import DeltaTable
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from clirun import sync_ok  # noqa: E402
 from slotlake import delta_log  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
 from slotlake.contracts import CommitMeta  # noqa: E402
@@ -27,7 +28,6 @@ from slotlake.lake import LakePaths  # noqa: E402
 from slotlake.lsn import Lsn  # noqa: E402
 from slotlake.pipeline import task_preflight  # noqa: E402
 
-SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
 SOURCE = "shop"
 TABLES = ["public.customers", "public.orders"]
 
@@ -51,9 +51,7 @@ def changed_rows(dsn: str, statements: list[str]) -> int:
 
 
 def sync(cfg: Path) -> None:
-    out = subprocess.run([SLOTLAKE, "--config", str(cfg), "sync", SOURCE], capture_output=True, text=True,
-                         timeout=1200)
-    assert out.returncode == 0, f"sync failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
+    sync_ok(cfg, SOURCE)
 
 
 def view_client(monkeypatch, cfg: Path):
