@@ -181,12 +181,14 @@ def warm_spark_server(tmp_path_factory):
 
 
 def uses_warm_spark(item) -> bool:
-    """Integration and browser tests run their Spark apps in this worker's warm server unless marked
-    `spark_submit`: the tests about spark-submit itself (its command lines, code shipping, the installed
-    package, a cluster), failpoints inside a Spark app (the server does not see the client's environment, and a
-    kill there would kill the server) and tests with a Spark server or Spark settings of their own."""
+    """Integration and browser tests that use Spark (marked `spark`) run their Spark apps in this worker's warm
+    server unless marked `spark_submit`: the tests about spark-submit itself (its command lines, code shipping,
+    the installed package, a cluster), failpoints inside a Spark app (the server does not see the client's
+    environment, and a kill there would kill the server) and tests with a Spark server or Spark settings of
+    their own."""
     path = Path(str(item.fspath))
-    return path.parent.name in ("integration", "ui") and item.get_closest_marker("spark_submit") is None
+    return (path.parent.name in ("integration", "ui") and item.get_closest_marker("spark") is not None
+            and item.get_closest_marker("spark_submit") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -61,14 +61,15 @@ out = {"errors": {k: str(v) for k, v in bag.import_errors.items()}, "dags": {}}
 for dag_id, dag in bag.dags.items():
     tasks = {t.task_id: {"type": type(t).__name__, "application": getattr(t, "application", None),
                          "args": getattr(t, "application_args", None), "conf": getattr(t, "conf", None),
-                         "env": getattr(t, "env_vars", None), "conn_id": getattr(t, "_conn_id", None)}
+                         "env": getattr(t, "env_vars", None), "conn_id": getattr(t, "_conn_id", None),
+                         "op_args": getattr(t, "op_args", None)}
              for t in dag.tasks}
     out["dags"][dag_id] = {"timetable": type(dag.timetable).__name__,
                            "cron": getattr(dag.timetable, "expression", None),
                            "tz": str(getattr(dag.timetable, "timezone", None)),
                            "max_active_runs": dag.max_active_runs, "catchup": dag.catchup,
                            "order": [t.task_id for t in dag.topological_sort()], "tasks": tasks}
-print("PROBE" + json.dumps(out))
+print("PROBE" + json.dumps(out, default=str))
 """
 
 
@@ -101,6 +102,30 @@ def test_dag_shape_schedule_and_spark_submit(airflow_home, tmp_path):
         python = Path(t["env"]["PYSPARK_PYTHON"])  # this venv's interpreter (python or python3)
         assert python.parent == ROOT / ".venv" / "bin" and python.name.startswith("python")
         assert t["conn_id"] == "slotlake_spark"
+    replay = bag["dags"]["slotlake_replay__shop"]["tasks"]["replay"]
+    assert replay["type"] == "SparkSubmitOperator"
+    assert replay["application"] == str(ROOT / "plugins" / "slotlake" / "spark_apps" / "replay.py")
+    assert replay["args"][:4] == ["--config", str(cfg.resolve()), "--source", "shop"]
+    assert replay["args"][4:6] == ["--from", "{{ data_interval_start.isoformat() }}"]
+
+
+@pytest.mark.integration
+@pytest.mark.airflow
+def test_with_a_spark_server_the_spark_tasks_send_their_apps_there(airflow_home, tmp_path):
+    """`spark.server` configured: decode, merge and replay are Python tasks with the same (templated) arguments."""
+    cfg = write_config(tmp_path / "slotlake.yaml", "postgresql://nobody@127.0.0.1:1/none")
+    cfg.write_text(cfg.read_text().replace('spark: {master: "local[2]"}',
+                                           'spark: {master: "local[2]", server: "127.0.0.1:7079"}'))
+    bag = load_dagbag(local_airflow_env(airflow_home, cfg))
+    assert bag["errors"] == {}
+    for dag_id, task_id in (("slotlake_sync__shop", "decode"), ("slotlake_sync__shop", "merge"),
+                            ("slotlake_replay__shop", "replay")):
+        t = bag["dags"][dag_id]["tasks"][task_id]
+        assert t["type"] == "PythonOperator", (dag_id, task_id, t)
+        assert t["op_args"][:4] == ["--config", str(cfg.resolve()), "--source", "shop"], t
+    replay_args = bag["dags"]["slotlake_replay__shop"]["tasks"]["replay"]["op_args"]
+    assert replay_args[4:8] == ["--from", "{{ data_interval_start.isoformat() }}",
+                                "--to", "{{ data_interval_end.isoformat() }}"], replay_args
 
 
 @pytest.mark.integration

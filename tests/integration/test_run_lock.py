@@ -69,6 +69,12 @@ def test_dag_spark_submit_tasks_hold_the_lock_while_they_run(pg_db):
     _take_lock(src, to_dest)
     assert other_process_tries(pg_db) == "OK"
     _release_lock(to_dest)
+    # The same task sending its app to a Spark server (tasks.spark_task): a Python task, its arguments in op_args.
+    on_server = {"task": SimpleNamespace(task_id="replay", op_args=["--from", "a", "--to", "b", "--dest",
+                                                                    "/tmp/x/20261123T1000Z"]), "run_id": "r"}
+    _take_lock(src, on_server)
+    assert other_process_tries(pg_db) == "OK"
+    _release_lock(on_server)
     in_place = {"task": SimpleNamespace(task_id="replay", application_args=["--from", "a", "--to", "b", "--dest",
                                                                             ""]), "run_id": "r"}
     _take_lock(src, in_place)

@@ -7,7 +7,8 @@ place unless the `dest` Param names a folder (then each run writes the state at 
 and nothing is replayed by the schedule itself: `catchup=False`, and the `gate` task skips runs the scheduler
 creates (run type `scheduled`), so only backfills and manual runs do work: a user picks a date range in the UI's
 Backfill form, or runs `airflow backfill create --dag-id slotlake_replay__<source> --from-date ... --to-date ...`.
-The single task is a SparkSubmitOperator running `spark_apps/replay.py`, as `slotlake replay` does.
+The single task runs `spark_apps/replay.py` as `slotlake replay` does: a SparkSubmitOperator, or with `spark.server`
+configured a task sending it to the Spark server (`tasks.spark_task`).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import dataclasses
 from airflow.sdk import DAG, Param, task
 from airflow.sdk.exceptions import AirflowSkipException
 
-from slotlake.airflow.tasks import source_dag_kwargs, spark_conn_id, spark_submit_task
+from slotlake.airflow.tasks import source_dag_kwargs, spark_conn_id, spark_task
 from slotlake.config import Config
 from slotlake.spark.submit import spark_app
 
@@ -54,5 +55,5 @@ def build_replay_dag(cfg: Config, source_name: str) -> DAG:
             if dag_run is not None and str(dag_run.run_type).lower().endswith("scheduled"):
                 raise AirflowSkipException("scheduled run: slotlake_replay runs only as a backfill or manual run")
 
-        gate() >> spark_submit_task(app, "replay", spark_conn_id(cfg), cfg.source(source_name))
+        gate() >> spark_task(app, "replay", spark_conn_id(cfg), cfg.source(source_name))
     return dag

@@ -4,6 +4,7 @@ arguments the per-source DAGs share. Used by `dag_factory` (sync), `replay_dag` 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -74,8 +75,8 @@ def _take_lock(source: SourceConfig, context: Mapping[str, Any]) -> None:
     # around its Spark apps; released by post_execute / on_failure_callback (or by PostgreSQL if the process dies).
     from slotlake.source.lock import source_lock
 
-    task = context["task"]
-    if _replay_to_dest(list(getattr(task, "application_args", None) or [])):
+    task = context["task"]  # its app's arguments, rendered: a SparkSubmitOperator's or a server task's (spark_task)
+    if _replay_to_dest(list(getattr(task, "application_args", None) or getattr(task, "op_args", None) or [])):
         return
     stack = ExitStack()
     stack.enter_context(source_lock(source, task.task_id))
@@ -166,12 +167,13 @@ def spark_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig, 
     if not app.server:
         return spark_submit_task(app, task_id, conn_id, source, due, after, **kwargs)
 
-    def run_on_spark_server() -> None:
-        run_spark_app(app)
+    def run_on_spark_server(*args: str) -> None:
+        run_spark_app(dataclasses.replace(app, args=tuple(args)))
 
     return PythonOperator(
         task_id=task_id,
         python_callable=run_on_spark_server,
+        op_args=list(app.args),  # templated as a SparkSubmitOperator's application_args are (the replay's interval)
         # No connection to target (conn_id None): the server's driver has the code; a spark-submit fallback
         # (run_spark_app) ships its own zip for a cluster master.
         pre_execute=_pre_execute(app, due, source),
