@@ -9,6 +9,7 @@ whose Spark app is the entry point inside the installed package. Gold must equal
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -39,9 +40,17 @@ def test_wheel_in_a_fresh_venv_installs_ddl_capture_and_syncs_outside_the_checko
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["SLOTLAKE_JARS_DIR"] = str(ROOT / ".jars")  # outside a checkout the jars folder is configured
 
+    # Built from a copy of the sources: setuptools leaves `plugins/slotlake.egg-info` and `build/` where it builds,
+    # and an egg-info beside the editable install is a second `slotlake` distribution to importlib.metadata (its
+    # airflow.plugins entry point twice: "Plugin 'slotlake' already registered" in every later Airflow process).
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy2(ROOT / "pyproject.toml", src / "pyproject.toml")
+    shutil.copytree(ROOT / "plugins", src / "plugins", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     wheels = tmp_path / "wheels"
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-          str(ROOT)], cwd=work, env=env)
+          str(src)], cwd=work, env=env)
+    assert not list((ROOT / "plugins").glob("*.egg-info")), "the wheel build left an egg-info in the checkout"
     wheel = next(wheels.glob("slotlake-*.whl"))
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=work, env=env)

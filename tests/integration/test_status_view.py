@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -90,8 +91,16 @@ def test_view_shows_slot_tables_and_runs_as_they_are(pg_db, tmp_path, monkeypatc
                                   "UPDATE customers SET name = 'x' WHERE id = 1"])
     sync(cfg)
     assert (first, second) == (10, 6)
-    # WAL past the 1 MB threshold (a non-transactional message is written at once, and no sync reads it here)
-    changed_rows(pg_db, ["SELECT pg_logical_emit_message(false, 'test.filler', repeat('x', 2 * 1024 * 1024))"])
+    # WAL past the 1 MB threshold (a non-transactional message, which no sync reads here). The view compares the
+    # slot with pg_current_wal_lsn(), the WAL *written* so far, which trails the inserted record until the WAL
+    # writer catches up (up to wal_buffers behind): wait for the write position to pass the message's end.
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("SELECT pg_logical_emit_message(false, 'test.filler', repeat('x', 2 * 1024 * 1024))")
+        (inserted,) = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        deadline = time.monotonic() + 60
+        while Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]) < Lsn.parse(inserted):
+            assert time.monotonic() < deadline, "the WAL writer did not write the message in 60 s"
+            time.sleep(0.2)
 
     res = client.get("/api/status")
     assert res.status_code == 200
