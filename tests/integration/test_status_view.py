@@ -28,6 +28,7 @@ from slotlake.contracts import CommitMeta  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake.lsn import Lsn  # noqa: E402
 from slotlake.pipeline import task_preflight  # noqa: E402
+from slotlake.source.slot import current_wal_lsn  # noqa: E402
 
 SOURCE = "shop"
 TABLES = ["public.customers", "public.orders"]
@@ -98,7 +99,7 @@ def test_view_shows_slot_tables_and_runs_as_they_are(pg_db, tmp_path, monkeypatc
         conn.execute("SELECT pg_logical_emit_message(false, 'test.filler', repeat('x', 2 * 1024 * 1024))")
         (inserted,) = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
         deadline = time.monotonic() + 60
-        while Lsn.parse(conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]) < Lsn.parse(inserted):
+        while current_wal_lsn(conn) < Lsn.parse(inserted):
             assert time.monotonic() < deadline, "the WAL writer did not write the message in 60 s"
             time.sleep(0.2)
 
