@@ -55,11 +55,13 @@ TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_
 CHANGES_PER_TXN = 4  # tpcb-like: UPDATE accounts, tellers, branches; INSERT history
 
 
-def _config(lake: str, dsn: str, server: str | None = None):
+def _config(lake: str, dsn: str, server: str | None = None, event_log: str | None = None):
     """The Spark apps read the config from a file, so the bench writes one next to the lake."""
     path = Path(lake).parent / "slotlake.yaml"
     if not path.exists():
         spark = {"master": "local[2]", **({"server": server} if server else {})}
+        if event_log:  # Spark's event log of every app: where each second goes (bench/README.md "Profile")
+            spark["conf"] = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log}
         path.write_text(json.dumps({"lake": lake, "spark": spark,
                                     "sources": {"bench": {"dsn": dsn, "tables": TABLES}}}))  # JSON is YAML
     return load_config(str(path))
@@ -158,6 +160,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="idle and 1,000-change syncs to time (default 3)")
     ap.add_argument("--no-replay", dest="replay", action="store_false",
                     help="skip timing `slotlake replay --dest` of the same range (a backfill's rate per change)")
+    ap.add_argument("--event-log", metavar="DIR", help="write Spark's event log of every app into DIR")
     ap.add_argument("--server", action="store_true",
                     help="run the Spark apps in a `slotlake spark-server` (spark.server) started before the first "
                          "sync: its start-up is reported apart, the stages pay no JVM start")
@@ -175,7 +178,10 @@ def main() -> None:
             conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
         init_s = time.perf_counter() - t
         lake = str(Path(tmp) / "lake")
-        cfg = _config(lake, dsn, f"127.0.0.1:{free_port()}" if args.server else None)
+        if args.event_log:
+            Path(args.event_log).mkdir(parents=True, exist_ok=True)
+        cfg = _config(lake, dsn, f"127.0.0.1:{free_port()}" if args.server else None,
+                      str(Path(args.event_log).resolve()) if args.event_log else None)
         paths = LakePaths.of(lake, "bench")
         server_s, server = 0.0, None
         if args.server:  # started once, before the first sync; its start-up is reported apart

@@ -618,8 +618,8 @@ def test_last_per_key_path_gives_the_window_paths_gold(spark, tmp_path, monkeypa
         monkeypatch.setattr(lineage, "_last_per_key", path or real)
         if path is None:  # the window passes: the same batch seen as one that may need gold's TOAST values
             keyed = lineage.keyed_source
-            monkeypatch.setattr(lineage, "keyed_source", lambda plan, typed, target, toast=True, keyed=keyed:
-                                keyed(plan, typed, target, toast=True))
+            monkeypatch.setattr(lineage, "keyed_source", lambda plan, typed, target, toast=True, keyed=keyed,
+                                **kw: keyed(plan, typed, target, toast=True, **kw))
         lake.decode(first, 150)
         lake.merge()
         lake.decode(second, 250)

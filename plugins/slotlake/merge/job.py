@@ -70,7 +70,7 @@ from slotlake.merge.plan import (
     schema_mismatch,
     stage_metadata,
 )
-from slotlake.merge.typing_job import ensure_quarantine, ensure_table, quarantine_bad_values
+from slotlake.merge.typing_job import ensure_quarantine, ensure_table, has_bad_value, quarantine_bad_values
 from slotlake.merge.visibility_job import not_seen_by_copy
 from slotlake.merge.watermarks import delta_state
 from slotlake.names import TableName
@@ -336,22 +336,29 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     try:
         if plan is not None and evo is not None:
             typed = typed_layouts(after, plan, evo, layouts, numeric).persist(StorageLevel.MEMORY_AND_DISK)
-            quarantined = quarantine_bad_values(session, src, paths, plan, typed, end)
+            # One pass over the typed batch (it fills the cache the later steps read) counts what decides them:
+            # values to quarantine, key changes (keyed tables), updates/deletes an insert-only table cannot apply.
+            keyed = plan.strategy is KeyStrategy.KEYED
+            checks = typed.agg(F.count(F.when(has_bad_value(plan), 1)).alias("bad"),
+                               F.count(F.when(lineage.key_changed(plan), 1) if keyed else F.lit(None)).alias("moved"),
+                               F.count(F.when(F.col("op").isin("U", "D"), 1)).alias("ud")).collect()[0]
+            quarantined = quarantine_bad_values(session, src, paths, plan, typed, end, bad_rows=int(checks["bad"]))
             if trunc is None and (plain == n or plan.strategy is KeyStrategy.INSERT_ONLY):
                 append_df = _append_rows(session, plan, typed, gold)
             if append_df is not None:
                 if plan.strategy is KeyStrategy.INSERT_ONLY:
-                    unapplied = typed.where(F.col("op").isin("U", "D")).count()
-            elif plan.strategy is KeyStrategy.KEYED:
+                    unapplied = int(checks["ud"])
+            elif keyed:
                 # Gold seeds the lineages only to fill unchanged TOAST: a batch without any needs no read of gold
                 # (a soft delete's values then come from gold in the MERGE itself, as `__partial` says).
                 source_df = lineage.keyed_source(plan, typed, None if trunc or not toast
-                                                 else DeltaTable.forPath(session, gold).toDF(), toast=toast > 0)
+                                                 else DeltaTable.forPath(session, gold).toDF(), toast=toast > 0,
+                                                 key_changes=int(checks["moved"]))
             elif plan.strategy is KeyStrategy.FULL_ROW:
                 source_df = lineage.full_row_source(
                     plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
             else:
-                unapplied = typed.where(F.col("op").isin("U", "D")).count()
+                unapplied = int(checks["ud"])
                 source_df = typed.where(F.col("op") == "I").select(*lineage.value_cols(plan), *lineage.meta_cols())
         if src.keeps_history(name) and gold == paths.gold(schema, table):  # not a replay's own gold paths
             from slotlake.merge.history_job import HistoryBatch, write_history
@@ -431,7 +438,9 @@ def _append_rows(session: SparkSession, plan: TablePlan, typed: DataFrame, gold:
         keys = list(plan.key_positions) if plan.strategy is KeyStrategy.KEYED else list(range(ncols))
         key_cols = [F.col(f"__n{k}") for k in keys]
         prunable = [k for k in keys if isinstance(inserts.schema[f"__n{k}"].dataType, _PRUNABLE)]
-        aggs = [F.count(F.lit(1)).alias("n"), F.count_distinct(F.struct(*key_cols)).alias("keys")]
+        aggs = [F.count(F.lit(1)).alias("n")]
+        if plan.strategy is KeyStrategy.KEYED:  # FULL rows may repeat: `_slotlake_dup` numbers the copies below
+            aggs.append(F.count_distinct(F.struct(*key_cols)).alias("keys"))
         for k in prunable:
             aggs += [F.min(f"__n{k}").alias(f"lo{k}"), F.max(f"__n{k}").alias(f"hi{k}"),
                      F.count(F.when(F.col(f"__n{k}").isNull(), 1)).alias(f"nulls{k}")]
@@ -443,7 +452,8 @@ def _append_rows(session: SparkSession, plan: TablePlan, typed: DataFrame, gold:
             c = F.col(_q(shape.columns[k]))
             within = c.between(r[f"lo{k}"], r[f"hi{k}"]) if r[f"lo{k}"] is not None else F.lit(False)
             target = target.where(within | c.isNull() if r[f"nulls{k}"] else within)
-        batch_keys = inserts.select(*[F.col(f"__n{k}").alias(f"__k{j}") for j, k in enumerate(keys)]).distinct()
+        # A semi join needs no distinct keys (and a whole-row distinct of a big FULL batch is a costly aggregation).
+        batch_keys = inserts.select(*[F.col(f"__n{k}").alias(f"__k{j}") for j, k in enumerate(keys)])
         cond = lineage.and_all([target[_q(shape.columns[k])].eqNullSafe(batch_keys[f"__k{j}"])
                                 for j, k in enumerate(keys)])
         if target.join(batch_keys, cond, "left_semi").limit(1).count():

@@ -37,22 +37,37 @@ def keyed_states(plan: TablePlan, typed: DataFrame, target: DataFrame | None) ->
     return keyed_source(plan, typed, target, filled_only=True)
 
 
+def _old_key(plan: TablePlan) -> Column:
+    """A change's old key: from the old tuple when there is one (key changed, or a delete), else the key did not
+    change. NULL for inserts."""
+    return F.when(F.col("op").isin("U", "D"), F.struct(*[
+        F.when(F.col("old").isNotNull(), F.col(f"__o{k}")).otherwise(F.col(f"__n{k}")).alias(f"k{j}")
+        for j, k in enumerate(plan.key_positions)]))
+
+
+def _new_key(plan: TablePlan) -> Column:
+    """A change's new key (NULL for deletes)."""
+    return F.when(F.col("op").isin("I", "U"), F.struct(*[F.col(f"__n{k}").alias(f"k{j}")
+                                                         for j, k in enumerate(plan.key_positions)]))
+
+
+def key_changed(plan: TablePlan) -> Column:
+    """True for an update that moved its row to another key (over the typed columns of `typed_layouts`)."""
+    return (F.col("op") == "U") & ~_old_key(plan).eqNullSafe(_new_key(plan))
+
+
 def keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None, *, toast: bool = True,
-                  filled_only: bool = False) -> DataFrame:
+                 filled_only: bool = False, key_changes: int | None = None) -> DataFrame:
     """One row per key touched: its final state (`__action` U with `__v*`) or its removal (`__action` D).
 
-    `toast`: False when no change of the batch has an unchanged TOAST value (every new tuple is whole)."""
-    shape = plan.shape
-    keys = plan.key_positions
+    `toast`: False when no change of the batch has an unchanged TOAST value (every new tuple is whole).
+    `key_changes`: the batch's count of `key_changed` rows when the caller has it (else one more pass finds out)."""
     cid = F.struct("commit_lsn", "seq")
-    # Old key: from the old tuple when there is one (key changed, or a delete), else the key did not change.
-    ok = F.when(F.col("op").isin("U", "D"), F.struct(*[
-        F.when(F.col("old").isNotNull(), F.col(f"__o{k}")).otherwise(F.col(f"__n{k}")).alias(f"k{j}")
-        for j, k in enumerate(keys)]))
-    nk = F.when(F.col("op").isin("I", "U"), F.struct(*[F.col(f"__n{k}").alias(f"k{j}") for j, k in enumerate(keys)]))
-    ch = typed.withColumn("__id", cid).withColumn("__ok", ok).withColumn("__nk", nk)
+    ch = typed.withColumn("__id", cid).withColumn("__ok", _old_key(plan)).withColumn("__nk", _new_key(plan))
     moved = (F.col("op") == "U") & ~F.col("__ok").eqNullSafe(F.col("__nk"))
-    if ch.where(moved).limit(1).count() == 0:
+    if key_changes is None:
+        key_changes = ch.where(moved).limit(1).count()
+    if key_changes == 0:
         if not toast and not plan.soft_delete and not filled_only:
             return _last_per_key(plan, ch)
         # No key changed in the batch (the usual case): a row's lineage is its key (rid: the key's first change;
@@ -60,7 +75,7 @@ def keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None, *,
         # the lineage resolution (several Spark jobs) is not needed.
         first = F.first("__id").over(Window.partitionBy(F.coalesce("__ok", "__nk")).orderBy("__id"))
         return _keyed_final(plan, ch.withColumn("rid", first), target, filled_only)
-    links = _lineage_links(ch, moved, shape.qualified)
+    links = _lineage_links(ch, moved, plan.shape.qualified)
     return _keyed_final(plan, ch.join(links.select("__id", "rid"), "__id"), target, filled_only)
 
 

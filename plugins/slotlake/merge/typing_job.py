@@ -61,10 +61,19 @@ def typed_changes(changes: DataFrame, plan: TablePlan) -> DataFrame:
     return changes.select(*cols)
 
 
+def has_bad_value(plan: TablePlan) -> Column:
+    """True for a typed change (`typed_changes`, `typed_layouts`) holding a value its gold type cannot hold."""
+    reasons = [F.col(f"__r{i}") for i in range(len(plan.shape.columns))]
+    return F.coalesce(*reasons).isNotNull() if reasons else F.lit(False)
+
+
 def quarantine_bad_values(session: SparkSession, src: SourceConfig, paths: LakePaths, plan: TablePlan,
-                          typed: DataFrame, end: Lsn) -> int:
+                          typed: DataFrame, end: Lsn, *, bad_rows: int | None = None) -> int:
     """Record values the gold type cannot hold, each with its row's key (`row_key`); with on_bad_value: fail,
-    refuse the merge instead."""
+    refuse the merge instead. `bad_rows`: the count of `has_bad_value` rows when the caller has it (0: nothing
+    to do, no pass over the batch)."""
+    if bad_rows == 0:
+        return 0
     shape = plan.shape
     bad = F.array(*[F.struct(F.lit(c).alias("column_name"), F.lit(o).alias("type_oid"),
                              F.col("new").getItem(i).alias("raw_value"), F.col(f"__r{i}").alias("reason"))
