@@ -51,9 +51,14 @@ def _new_key(plan: TablePlan) -> Column:
                                                          for j, k in enumerate(plan.key_positions)]))
 
 
+def _moved(old_key: Column, new_key: Column) -> Column:
+    """True for an update whose old and new keys differ: the row moved to another key."""
+    return (F.col("op") == "U") & ~old_key.eqNullSafe(new_key)
+
+
 def key_changed(plan: TablePlan) -> Column:
-    """True for an update that moved its row to another key (over the typed columns of `typed_layouts`)."""
-    return (F.col("op") == "U") & ~_old_key(plan).eqNullSafe(_new_key(plan))
+    """`_moved` over the typed columns of `typed_layouts` (no `__ok`/`__nk` columns needed)."""
+    return _moved(_old_key(plan), _new_key(plan))
 
 
 def keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None, *, toast: bool = True,
@@ -64,7 +69,7 @@ def keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None, *,
     `key_changes`: the batch's count of `key_changed` rows when the caller has it (else one more pass finds out)."""
     cid = F.struct("commit_lsn", "seq")
     ch = typed.withColumn("__id", cid).withColumn("__ok", _old_key(plan)).withColumn("__nk", _new_key(plan))
-    moved = (F.col("op") == "U") & ~F.col("__ok").eqNullSafe(F.col("__nk"))
+    moved = _moved(F.col("__ok"), F.col("__nk"))
     if key_changes is None:
         key_changes = ch.where(moved).limit(1).count()
     if key_changes == 0:
@@ -167,7 +172,7 @@ def _keyed_final(plan: TablePlan, ch: DataFrame, target: DataFrame | None, fille
         return ([F.col(f"{pre}{i}.v").alias(f"__v{i}") for i in range(ncols)]
                 + [F.col("commit_lsn").alias("__lsn"), F.col("commit_ts").alias("__ts"), missing.alias("__missing")])
 
-    leaving = filled.where((F.col("op") == "D") | ((F.col("op") == "U") & ~F.col("__ok").eqNullSafe(F.col("__nk"))))
+    leaving = filled.where((F.col("op") == "D") | _moved(F.col("__ok"), F.col("__nk")))
     final = (leaving.select(F.col("__ok").alias("key"), "__id", F.lit("D").alias("__action"),
                             *state("__p" if plan.soft_delete else "__f"))
              .unionByName(filled.where(F.col("op").isin("I", "U"))
