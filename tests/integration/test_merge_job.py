@@ -630,3 +630,22 @@ def test_last_per_key_path_gives_the_window_paths_gold(spark, tmp_path, monkeypa
     assert golds[0] == golds[1] == sorted([
         (1, "v29", 229, ts(229).replace(tzinfo=None)), (2, "again", 241, ts(241).replace(tzinfo=None)),
         (5, "never inserted", 245, ts(245).replace(tzinfo=None))], key=repr)
+
+
+def test_change_number_orders_changes_as_their_commit_lsn_and_seq(spark):
+    # The merge's one pass takes the batch's first and last change per layout as min/max of `change_number`
+    # (a hash aggregation): its order must be (commit_lsn, seq)'s, and `change_of` must give both back.
+    from pyspark.sql import functions as F
+
+    from slotlake.merge.lineage import change_number, change_of
+
+    top_lsn, top_seq = (1 << 63) - 1, (1 << 31) - 1
+    ids = [(0, 0), (0, top_seq), (1, 0), (1, 5), (0x16B3740, 2), (0x16B3740, 10), (0x16B3741, 0),
+           (1 << 32, 7), (top_lsn - 1, top_seq), (top_lsn, 0), (top_lsn, top_seq)]
+    rows = spark.createDataFrame(ids, "commit_lsn long, seq int").select(
+        "commit_lsn", "seq", change_number().alias("n")).orderBy("n").collect()
+    assert [(r["commit_lsn"], r["seq"]) for r in rows] == sorted(ids)
+    assert [change_of(r["n"]) for r in rows] == sorted(ids)
+    lo, hi = spark.createDataFrame(ids[::-1], "commit_lsn long, seq int").agg(
+        F.min(change_number()), F.max(change_number())).collect()[0]
+    assert (change_of(lo), change_of(hi)) == ((0, 0), (top_lsn, top_seq))

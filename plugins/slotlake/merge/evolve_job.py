@@ -46,23 +46,19 @@ def shape_col() -> Column:
     return F.struct("schema_name", "table_name", "columns", "type_oids", "typmods", "key_columns", "replica_identity")
 
 
-def change_id() -> Column:
-    return F.struct("commit_lsn", "seq")
-
-
 def layouts_of(batch: DataFrame, spans: list) -> list[Layout]:
     """The column layouts of the batch's row changes in commit order, each with the id of its first change.
 
-    `spans`: per layout of the row changes its (shape, lo, hi) change ids (the merge's one pass over the batch).
+    `spans`: per layout of the row changes (shape row, lo, hi), lo/hi its first and last (commit_lsn, seq) (the
+    merge's one pass over the batch).
     Usually one. Several when the source's schema changed: one per switch, so a layout that comes back (a column
     added and dropped again) is a new entry. Only small summaries reach the driver.
     """
     rows = batch.where(F.col("op") != "T")
     shape = shape_col().alias("shape")
-    spans = sorted(spans, key=lambda r: tuple(r["lo"]))
-    if all(tuple(a["hi"]) < tuple(b["lo"]) for a, b in zip(spans, spans[1:])):
-        return [((int(r["lo"][0]), int(r["lo"][1])), _shape_of(r["shape"]["schema_name"], r["shape"]["table_name"],
-                                                              r["shape"])) for r in spans]
+    spans = sorted(spans, key=lambda r: r[1])
+    if all(a[2] < b[1] for a, b in zip(spans, spans[1:])):
+        return [(lo, _shape_of(s["schema_name"], s["table_name"], s)) for s, lo, _ in spans]
     # A layout comes back: find every switch (one row per transaction and layout, ordered; a small result).
     per_tx = rows.groupBy("commit_lsn", shape).agg(F.min("seq").alias("lo"))
     w = Window.orderBy("commit_lsn", "lo")

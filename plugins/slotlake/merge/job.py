@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from functools import partial
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
@@ -43,7 +43,6 @@ from slotlake.merge import lineage
 from slotlake.merge.evolution import Evolution, plan_evolution
 from slotlake.merge.evolve_job import (
     TableDefinitions,
-    change_id,
     evolve_gold,
     gold_at_watermark,
     layouts_of,
@@ -273,8 +272,8 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     # One pass over the batch: per column layout (NULL for TRUNCATE rows) its span and counts.
     groups = batch.groupBy(F.when(F.col("op") != "T", shape_col()).alias("shape")).agg(
         F.count(F.lit(1)).alias("n"),
-        F.min(change_id()).alias("lo"), F.max(change_id()).alias("hi"),
-        F.max(F.when(F.col("op") == "T", F.struct("commit_lsn", "seq", "commit_ts"))).alias("trunc"),
+        F.min(lineage.change_number()).alias("lo"), F.max(lineage.change_number()).alias("hi"),
+        F.count(F.when(F.col("op") == "T", 1)).alias("truncs"),
         # plain inserts (no unchanged TOAST): when every change is one, the write may be an append (_append_rows)
         F.count(F.when((F.col("op") == "I") & (F.coalesce(F.size("unchanged"), F.lit(0)) <= 0), 1)).alias("plain"),
         # changes with unchanged TOAST: only they need gold's rows to fill values (_keyed_final's seeds)
@@ -287,11 +286,14 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     last_ts = max((g["last_ts"] for g in groups if g["last_ts"] is not None), default=None)
     # Spark returns naive datetimes in this process's local time (and reads naive ones back the same way).
     last_commit_ts = last_ts.astimezone(UTC) if last_ts is not None else None
-    truncs = [tuple(g["trunc"]) for g in groups if g["trunc"] is not None]
-    trunc = _Truncate(*max(truncs)) if truncs else None
+    trunc = None
+    if any(int(g["truncs"]) for g in groups):  # rare: the last TRUNCATE from its own rows only
+        last = batch.where(F.col("op") == "T").agg(F.max(F.struct("commit_lsn", "seq", "commit_ts"))).collect()[0][0]
+        trunc = _Truncate(*last)
     plain = sum(int(g["plain"]) for g in groups)  # plain inserts of the batch
     toast = sum(int(g["toast"]) for g in groups)
-    layouts = layouts_of(batch, [g for g in groups if g["shape"] is not None])
+    layouts = layouts_of(batch, [(g["shape"], lineage.change_of(g["lo"]), lineage.change_of(g["hi"]))
+                                 for g in groups if g["shape"] is not None])
     evo: Evolution | None = None
     schema_changes: list[str] = []
     if not layouts:  # only TRUNCATE in the batch
@@ -462,12 +464,13 @@ def _append_rows(session: SparkSession, plan: TablePlan, typed: DataFrame, gold:
     meta = [F.col("commit_lsn").alias(LSN_COL), F.col("commit_ts").alias(COMMIT_TS_COL)]
     if plan.strategy is KeyStrategy.FULL_ROW:
         # As the MERGE numbers them: copies 1..n of each distinct row, all with the row's last change's LSN/time.
-        every = Window.partitionBy(*[F.col(f"__n{i}") for i in range(ncols)])
-        last = F.max_by(F.struct("commit_lsn", "commit_ts"), F.struct("commit_lsn", "seq")).over(every)
-        out = inserts.select(*cols, last.alias("__last"),
-                             F.row_number().over(every.orderBy("commit_lsn", "seq")).alias(DUP_COL))
-        out = out.select(*[_q(c) for c in shape.columns], F.col("__last.commit_lsn").alias(LSN_COL),
-                         F.col("__last.commit_ts").alias(COMMIT_TS_COL), DUP_COL)
+        # One hash aggregation per distinct row (a window over every column would sort the whole batch).
+        num = lineage.change_number()
+        per_row = inserts.groupBy(*cols).agg(F.count(F.lit(1)).alias("__copies"),
+                                             F.max_by("commit_lsn", num).alias(LSN_COL),
+                                             F.max_by("commit_ts", num).alias(COMMIT_TS_COL))
+        out = per_row.select(*[_q(c) for c in shape.columns], LSN_COL, COMMIT_TS_COL,
+                             F.explode(F.sequence(F.lit(1), F.col("__copies").cast("int"))).alias(DUP_COL))
     else:
         out = inserts.select(*cols, *meta)
     if plan.soft_delete:

@@ -28,6 +28,22 @@ def meta_cols() -> list[Column]:
     return [F.lit("U").alias("__action"), F.col("commit_lsn").alias("__lsn"), F.col("commit_ts").alias("__ts")]
 
 
+_SEQ_SPAN = 1 << 31  # `seq` is an int (>= 0): commit_lsn * 2^31 + seq orders changes as (commit_lsn, seq) does
+
+
+def change_number() -> Column:
+    """A change's id (commit_lsn, seq) as one decimal(31,0) in the same order. Its min/max is a hash aggregation;
+    a struct's makes Spark sort every row of the batch first (SortAggregate: a struct buffer cannot be updated in
+    place)."""
+    return F.col("commit_lsn").cast("decimal(20,0)") * F.lit(_SEQ_SPAN).cast("decimal(10,0)") + F.col("seq")
+
+
+def change_of(number) -> tuple[int, int]:
+    """(commit_lsn, seq) of a `change_number` value."""
+    lsn, seq = divmod(int(number), _SEQ_SPAN)
+    return lsn, seq
+
+
 # ---- keyed tables: lineage ---------------------------------------------------------------------------------
 
 def keyed_states(plan: TablePlan, typed: DataFrame, target: DataFrame | None) -> DataFrame:
@@ -87,18 +103,20 @@ def keyed_source(plan: TablePlan, typed: DataFrame, target: DataFrame | None, *,
 def _last_per_key(plan: TablePlan, ch: DataFrame) -> DataFrame:
     """`_keyed_final`'s result when no key changed, no change has unchanged TOAST and deletes are hard: each key's
     last change is its whole final state (an insert or update carries every column; a delete's values are not
-    used), so one aggregation gives it, pre-aggregated before the shuffle (a hot row updated thousands of times
-    in a batch leaves each task as one row), instead of three window passes over the batch."""
+    used), so one hash aggregation finds it, pre-aggregated before the shuffle (a hot row updated thousands of
+    times in a batch leaves each task as one row), instead of three window passes over the batch."""
     ncols = len(plan.shape.columns)
     nkeys = len(plan.key_positions)
-    last = F.max_by(F.struct("op", "commit_lsn", "commit_ts", *[F.col(f"__n{i}").alias(f"v{i}") for i in range(ncols)]),
-                    "__id")
-    per_key = ch.groupBy(F.coalesce("__ok", "__nk").alias("key")).agg(last.alias("l"))
-    return per_key.select(*[F.col("key").getField(f"k{j}").alias(f"__k{j}") for j in range(nkeys)],
-                          F.when(F.col("l.op") == "D", "D").otherwise("U").alias("__action"),
-                          *[F.col(f"l.v{i}").alias(f"__v{i}") for i in range(ncols)],
-                          F.col("l.commit_lsn").alias("__lsn"), F.col("l.commit_ts").alias("__ts"),
-                          F.lit(False).alias("__partial"))
+    key = F.coalesce("__ok", "__nk")  # no key changed: each change touches one key
+    # The key's last change by its number: a hash aggregation (a max_by of the row struct sorts the whole batch),
+    # then the changes themselves by a semi join (a change's number is unique in the batch).
+    lasts = ch.groupBy(key).agg(F.max(change_number()).alias("__last")).select("__last")
+    last = ch.join(lasts, change_number() == F.col("__last"), "left_semi")
+    return last.select(*[key.getField(f"k{j}").alias(f"__k{j}") for j in range(nkeys)],
+                       F.when(F.col("op") == "D", "D").otherwise("U").alias("__action"),
+                       *[F.col(f"__n{i}").alias(f"__v{i}") for i in range(ncols)],
+                       F.col("commit_lsn").alias("__lsn"), F.col("commit_ts").alias("__ts"),
+                       F.lit(False).alias("__partial"))
 
 
 def _lineage_links(ch: DataFrame, moved: Column, name: str) -> DataFrame:
