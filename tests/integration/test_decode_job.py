@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pgframes import Capture, write_bronze
+from slotlake import delta_log
 from slotlake.catalog import read_catalog
 from slotlake.config import parse_config
 from slotlake.decode.job import SILVER_COLUMNS, decode_watermark, run_decode
@@ -188,53 +189,61 @@ def test_undecodable_bronze_fails_with_one_clear_error_and_writes_nothing(spark,
         assert str(err.value).startswith(f"bronze file {path.name}, ord 1, LSN ")
         assert "change for relation OID" in str(err.value) and "before its Relation message" in str(err.value)
         assert decode_watermark(spark, paths.changes, "shop") is None
-        assert not Path(paths.changes).exists()
+        # The decode runs inside the silver write: Delta may have made the table's `_delta_log` folder, but no
+        # commit and no data file exist (nothing a reader or the next run would see).
+        assert not delta_log.has_commits(paths.changes)
+        assert [f for f in Path(paths.changes).rglob("*") if f.is_file() and "_delta_log" not in f.parts] == []
     finally:
         cap.close()
 
 
-def test_rows_left_without_commit_end_get_it_from_the_join(spark, pg_db):
-    """The decode task leaves `commit_end_lsn` NULL on the rows of a transaction too big to hold
-    (decode/commit_ends.py); `_silver_rows` joins those, and only those, with their Commit row."""
-    import pyarrow as pa
+def test_transactions_too_big_to_hold_get_their_commit_end_from_the_frames(spark, pg_db, tmp_path, monkeypatch):
+    """A decode task holds a transaction's rows until its Commit only up to a limit (decode/commit_ends.py); the
+    rows of a bigger one get their end LSN from the Commit frame the job read beforehand (`_summarize`): every
+    silver row carries its own transaction's end, as PostgreSQL's Commit message says."""
+    import dataclasses
 
-    from slotlake.decode.commit_ends import CommitEnds
-    from slotlake.decode.decoded import KIND_CHANGE, KIND_COMMIT
-    from slotlake.decode.frames import BronzeRow
-    from slotlake.decode.job import DECODED_DDL, _silver_rows
-    from slotlake.decode.vector import BatchDecoder
+    import slotlake.decode.job as decode_job
+    from slotlake.decode.messages import Begin, Commit
+    from slotlake.errors import DecodeError
 
+    monkeypatch.setattr(decode_job, "MAX_HELD_ROWS", 20)
+    # Arrow batches of 8 rows into the decode task, so a transaction spans batches (as a big one does).
+    monkeypatch.setitem(decode_job._WHOLE_FILES, "spark.sql.execution.arrow.maxRecordsPerBatch", "8")
+    cfg = parse_config({"lake": str(tmp_path / "lake"), "sources": {"shop": {"dsn": pg_db}}})
+    paths = LakePaths.of(cfg.lake, "shop")
     cap = Capture(pg_db)
     try:
         cap.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
-        cap.transaction("INSERT INTO t SELECT g, 'a' FROM generate_series(1, 40) g")  # big: 42 rows
+        cap.execute("CREATE TABLE u (id int PRIMARY KEY)")
+        cap.transaction("INSERT INTO t SELECT g, 'a' FROM generate_series(1, 40) g")  # big: 40 changes
         for i in range(5):
-            cap.transaction(f"UPDATE t SET v = 'b{i}' WHERE id = {i + 1}")  # small: 3 rows each
-        cap.transaction("DELETE FROM t WHERE id > 30")
+            cap.transaction(f"UPDATE t SET v = 'b{i}' WHERE id = {i + 1}")  # small: 1 change each
+        cap.transaction("DELETE FROM t WHERE id > 30", "INSERT INTO u SELECT g FROM generate_series(1, 15) g")
         frames = cap.peek()
+        archive(cap, Path(paths.bronze), cap.start_lsn)
     finally:
         cap.close()
-    rows = [BronzeRow(Lsn.parse(f.lsn).value, f.xid, f.data, i, "0.parquet") for i, f in enumerate(frames)]
-    decoder, filler, out = BatchDecoder(), CommitEnds(max_held_rows=20), []
-    for at in range(0, len(rows), 8):
-        part = rows[at:at + 8]
-        batch = pa.RecordBatch.from_pydict({
-            "lsn": [r.lsn for r in part], "xid": [r.xid for r in part], "data": pa.array([r.data for r in part]),
-            "ord": [r.ord for r in part], "file": [r.file for r in part]})
-        for d in decoder.feed(batch):
-            out += filler.feed(d)
-    decoder.finish()
-    out += filler.finish()
-    decoded_rows = pa.Table.from_batches(out).to_pylist()
-    ends = {r["commit_lsn"]: r["commit_end_lsn"] for r in decoded_rows if r["kind"] == KIND_COMMIT}
-    changes = [r for r in decoded_rows if r["kind"] == KIND_CHANGE]
-    assert sum(r["commit_end_lsn"] is None for r in changes) == 40  # the big insert was let through unfilled
-    assert sum(r["commit_end_lsn"] is not None for r in changes) == 15
-
-    decoded = spark.createDataFrame(decoded_rows, DECODED_DDL)
-    got = {(r.commit_lsn, r.seq): r.commit_end_lsn for r in _silver_rows(decoded).collect()}
-    assert got == {(r["commit_lsn"], r["seq"]): ends[r["commit_lsn"]] for r in changes}
-    assert len(got) == 55 and None not in got.values()
+    ends, begun = {}, None
+    for f in frames:  # the reference: each transaction's end LSN from its Commit message
+        m = decode_message(f.data)
+        if isinstance(m, Begin):
+            begun = m.final_lsn.value
+        elif isinstance(m, Commit):
+            assert m.commit_lsn.value == begun
+            ends[begun] = m.end_lsn.value
+    summarize = decode_job._summarize
+    with monkeypatch.context() as m:  # without the ends read from the frames, the task refuses to go on
+        m.setattr(decode_job, "_summarize", lambda *a: dataclasses.replace(summarize(*a), big_ends={}))
+        with pytest.raises(DecodeError, match="has more than 20 decoded rows"):
+            run_decode(spark, cfg, "shop")
+    assert not delta_log.has_commits(paths.changes)
+    result = run_decode(spark, cfg, "shop")
+    assert result.changes_written == 40 + 5 + 10 + 15
+    rows = spark.read.format("delta").load(paths.changes).select("commit_lsn", "commit_end_lsn").collect()
+    assert len(rows) == 70
+    assert all(r["commit_end_lsn"] == ends[r["commit_lsn"]] for r in rows), rows
+    assert len({r["commit_lsn"] for r in rows}) == 7
 
 
 def test_each_silver_file_holds_one_table(spark, pg_db, tmp_path, monkeypatch):

@@ -309,8 +309,8 @@ def _joined_ends(table: pa.Table) -> list:
     return [r["commit_end_lsn"] if r["kind"] == KIND_COMMIT else ends.get(r["commit_lsn"]) for r in rows]
 
 
-def _through_commit_ends(table: pa.Table, sizes: list[int], max_held: int) -> pa.Table:
-    filler, out, at, k = CommitEnds(max_held), [], 0, 0
+def _through_commit_ends(table: pa.Table, sizes: list[int], max_held: int, known: dict | None = None) -> pa.Table:
+    filler, out, at, k = CommitEnds(max_held, known), [], 0, 0
     batches = table.to_batches()
     whole = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
     while at < whole.num_rows:
@@ -332,25 +332,38 @@ def test_commit_ends_filled_as_the_join_would(bronze, sizes):
     assert sum(e is not None for e in want) > 500
 
 
-@pytest.mark.parametrize("max_held", [1, 10, 50])
-def test_commit_ends_of_transactions_too_big_to_hold_stay_null(bronze, max_held):
-    """Rows of a transaction with more rows than the limit go out unfilled (the job joins those); every other
-    row is filled, and no row ever gets another transaction's end."""
-    decoded = by_reference(bronze)
-    want = _joined_ends(decoded)
-    got = _through_commit_ends(decoded, [7, 300, 1], max_held=max_held)
-    assert got.drop_columns(["commit_end_lsn"]).equals(decoded.drop_columns(["commit_end_lsn"]))
-    ends = got.column("commit_end_lsn").to_pylist()
+def _sizes_and_ends(decoded: pa.Table) -> tuple[dict[int, int], dict[int, int]]:
     sizes: dict[int, int] = {}
+    ends: dict[int, int] = {}
     for r in decoded.to_pylist():
         sizes[r["commit_lsn"]] = sizes.get(r["commit_lsn"], 0) + 1
-    rows = decoded.to_pylist()
-    for r, e, w in zip(rows, ends, want):
-        assert e in (w, None)
-        if e is None and w is not None:
-            assert sizes[r["commit_lsn"]] > max_held, r  # only a big transaction's rows are left
-    assert any(e is None and w is not None for e, w in zip(ends, want))  # the limit was hit
-    assert any(e is not None and r["kind"] != KIND_COMMIT for r, e in zip(rows, ends))
+        if r["kind"] == KIND_COMMIT:
+            ends[r["commit_lsn"]] = r["commit_end_lsn"]
+    return sizes, ends
+
+
+@pytest.mark.parametrize("max_held", [1, 10, 50])
+def test_commit_ends_of_transactions_too_big_to_hold_come_from_the_known_ends(bronze, max_held):
+    """Rows of a transaction with more rows than the limit go out as they come, filled from `known_ends` (the
+    job reads those from the Commit frames beforehand): every row gets its own transaction's end."""
+    decoded = by_reference(bronze)
+    want = _joined_ends(decoded)
+    sizes, ends = _sizes_and_ends(decoded)
+    big = {lsn: end for lsn, end in ends.items() if sizes[lsn] > max_held}
+    assert big  # the limit is hit
+    got = _through_commit_ends(decoded, [7, 300, 1], max_held=max_held, known=big)
+    assert got.drop_columns(["commit_end_lsn"]).equals(decoded.drop_columns(["commit_end_lsn"]))
+    assert got.column("commit_end_lsn").to_pylist() == want
+
+
+def test_a_transaction_too_big_to_hold_without_its_known_end_is_an_error(bronze):
+    """No row leaves the task without its end: a big transaction missing from `known_ends` raises."""
+    decoded = by_reference(bronze)
+    sizes, ends = _sizes_and_ends(decoded)
+    big = {lsn: end for lsn, end in ends.items() if sizes[lsn] > 10}
+    first = min(big)
+    with pytest.raises(DecodeError, match=f"commit LSN {Lsn(first)} has more than 10 decoded rows"):
+        _through_commit_ends(decoded, [7, 300, 1], max_held=10, known={k: v for k, v in big.items() if k != first})
 
 
 def test_in_file_order_accepts_each_file_in_order_and_refuses_a_swap(bronze):

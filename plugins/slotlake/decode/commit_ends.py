@@ -4,14 +4,15 @@ Silver selects changes after a watermark by `commit_end_lsn` (docs/internals.md 
 comes before its transaction's Commit in the stream, so the decoder cannot know it when it emits the row. A bronze
 file holds whole transactions and is decoded in order by one task, so the task holds each transaction's decoded
 rows until its Commit row and writes the end LSN into them: no join of the changes with the commits afterwards
-(a shuffle of every change). A transaction bigger than `max_held_rows` is let through unfilled (memory stays
-bounded); the decode job joins only the rows left NULL with the commits.
+(a shuffle of every change). A transaction bigger than `max_held_rows` is let through as it comes (memory stays
+bounded), its rows filled from `known_ends`: the end LSNs the decode job read beforehand from the Commit frames of
+the transactions big enough to need them (`decode.job`). A row that would leave without its end is an error.
 
 `InFileOrder` checks what this relies on: the rows of each bronze file arrive in `ord` order.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -19,19 +20,24 @@ import pyarrow.compute as pc
 
 from slotlake.decode.decoded import KIND_COMMIT
 from slotlake.errors import DecodeError
+from slotlake.lsn import Lsn
 
 MAX_HELD_ROWS = 1_000_000  # decoded rows of one transaction held back at most (a few hundred MB at worst)
 
 
 class CommitEnds:
     """Feed decoded batches in stream order; get them back, the same rows in the same order, with
-    `commit_end_lsn` set on the rows of every transaction whose Commit was seen. Call `finish()` at the end."""
+    `commit_end_lsn` set on every row of a transaction. Call `finish()` at the end.
 
-    def __init__(self, max_held_rows: int = MAX_HELD_ROWS) -> None:
+    `known_ends` maps commit LSN -> commit end LSN for the transactions that may outgrow `max_held_rows`; one that
+    outgrows it without being there raises DecodeError (it would leave rows without their end)."""
+
+    def __init__(self, max_held_rows: int = MAX_HELD_ROWS, known_ends: Mapping[int, int] | None = None) -> None:
         self._held: list[pa.RecordBatch] = []
         self._held_rows = 0
         self._max = max_held_rows
-        self._passing = False  # the open transaction outgrew the limit: its rows go out unfilled
+        self._known = dict(known_ends or {})
+        self._passing = False  # the open transaction outgrew the limit: its rows go out filled from known_ends
 
     def feed(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         if not batch.num_rows:
@@ -41,9 +47,9 @@ class CommitEnds:
             yield from self._hold(batch)
             return
         last = int(commits[-1]) + 1
-        if self._passing:  # the rest of the big transaction, up to its Commit, goes out as it is
+        if self._passing:  # the rest of the big transaction, up to its Commit, goes out filled from known_ends
             first = int(commits[0]) + 1
-            yield batch.slice(0, first)
+            yield self._from_known(batch.slice(0, first))
             self._passing = False
             if first < last:
                 yield _filled(batch.slice(first, last - first))
@@ -61,14 +67,33 @@ class CommitEnds:
 
     def _hold(self, batch: pa.RecordBatch) -> Iterator[pa.RecordBatch]:
         if self._passing:
-            yield batch
+            yield self._from_known(batch)
             return
         self._held.append(batch)
         self._held_rows += batch.num_rows
         if self._held_rows > self._max:
             held, self._held, self._held_rows = self._held, [], 0
             self._passing = True
-            yield from held
+            for b in held:
+                yield self._from_known(b)
+
+    def _from_known(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """`batch` (rows of a transaction let through) with the end LSNs of `known_ends`."""
+        ends, lsns = batch.column("commit_end_lsn"), batch.column("commit_lsn")
+        need = pc.and_(pc.is_null(ends), pc.is_valid(lsns))
+        if not pc.any(need).as_py():
+            return batch
+        wanted = pc.unique(pc.filter(lsns, need)).to_pylist()
+        missing = [w for w in wanted if w not in self._known]
+        if missing:
+            raise DecodeError(f"the transaction with commit LSN {Lsn(missing[0])} has more than {self._max} decoded "
+                              "rows and the decode task was not given its commit end LSN; this is a bug: report it "
+                              "with the bronze file")
+        keys = pa.array(wanted, pa.int64())
+        values = pa.array([self._known[w] for w in wanted], pa.int64())
+        filled = pc.if_else(need, values.take(pc.index_in(lsns, value_set=keys)), ends)
+        i = batch.schema.get_field_index("commit_end_lsn")
+        return batch.set_column(i, batch.schema.field(i), filled)
 
 
 def _filled(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -1,22 +1,27 @@
 """The decode job: new bronze files -> `silver/changes` (one Delta commit) and `_catalog` (docs/internals.md).
 
-    bronze/*.parquet ──one partition per file, in row order──▶ mapInArrow(BatchDecoder, CommitEnds) ──▶ decoded rows
-        decoded rows (cached): kind=change ──▶ silver/changes (append, idempotent)
-                      kind=relation/type/ddl ──collect (small)──▶ catalog versioning ──▶ _catalog (rewrite, idempotent)
-                      kind=ddl ──▶ _ddl_log (append, idempotent)
+    bronze/*.parquet ──two aggregations of the raw frames (JVM)──▶ BronzeSummary (catalog transactions, big
+                                                                     transactions' commit ends, changes per table)
+        frames of the catalog transactions minus their row changes ──collect (small), BatchDecoder in the driver──▶
+            Relation/Type/DDL rows ──▶ catalog versioning ──▶ _catalog (rewrite, idempotent)
+                             DDL rows ──▶ _ddl_log (append, idempotent)
+        one partition per file, in row order ──mapInArrow(BatchDecoder, CommitEnds)──▶ changes ──by table──▶
+            silver/changes (append, idempotent)
     bronze/catalog/*.json (bootstrap read at slot creation) ──▶ catalog versioning
 
-Each bronze file is decoded in order by one task (files in parallel). The catalog is written before the silver
-commit: the silver commit is the watermark, so a crash in between re-decodes the files, and both writes are
-idempotent (Delta `txnAppId`/`txnVersion` and catalog versioning that skips known definitions).
+Each bronze file is decoded in order by one task (files in parallel), once: inside the silver write, nothing
+cached. The catalog is written before the silver commit: the silver commit is the watermark, so a crash in between
+re-decodes the files, and both writes are idempotent (Delta `txnAppId`/`txnVersion` and catalog versioning that
+skips known definitions).
 """
 from __future__ import annotations
 
 import logging
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from slotlake import contracts, delta_log, failpoints
 from slotlake.bronze import BronzeFile, list_bronze
@@ -29,15 +34,15 @@ from slotlake.catalog import (
 )
 from slotlake.config import Config
 from slotlake.contracts import STAGE_DDL_LOG, STAGE_DECODE, CommitMeta, ReplicaIdentity
-from slotlake.decode.commit_ends import CommitEnds, InFileOrder
+from slotlake.decode.commit_ends import MAX_HELD_ROWS, CommitEnds, InFileOrder
 from slotlake.decode.decoded import (
     KIND_CHANGE,
-    KIND_COMMIT,
     KIND_DDL,
     KIND_RELATION,
     KIND_TYPE,
 )
-from slotlake.decode.messages import Column, Relation
+from slotlake.decode.messages import Column, Commit, Relation
+from slotlake.decode.pgoutput import decode_message
 from slotlake.decode.relations import relation_definition
 from slotlake.decode.vector import BatchDecoder
 from slotlake.errors import DecodeError
@@ -68,10 +73,12 @@ def app_id(source: str) -> str:
     return f"slotlake-decode-{source}"
 
 
-def decode_partition(batches: Iterator) -> Iterator:
+def decode_partition(batches: Iterator, known_ends: Mapping[int, int] | None = None,
+                     max_held_rows: int = MAX_HELD_ROWS) -> Iterator:
     """mapInArrow function: bronze rows of whole files, each file in `ord` order, in; decoded rows out, in bounded
-    batches, each row with its transaction's commit end LSN (`CommitEnds`)."""
-    order, decoder, ends = InFileOrder(), BatchDecoder(), CommitEnds()
+    batches, each row with its transaction's commit end LSN (`CommitEnds`; `known_ends`: those of the transactions
+    that may be too big to hold, `BronzeSummary.big_ends`)."""
+    order, decoder, ends = InFileOrder(), BatchDecoder(), CommitEnds(max_held_rows, known_ends)
     for batch in batches:
         order.check(batch)
         for out in decoder.feed(batch):
@@ -112,79 +119,127 @@ def pending_files(files: list[BronzeFile], watermark: Lsn | None) -> list[Bronze
 _WHOLE_FILES = {"spark.sql.files.maxPartitionBytes": str(1 << 62), "spark.sql.files.openCostInBytes": str(1 << 62)}
 
 
-def _decode_files(spark, files: list[BronzeFile]):
-    """The decoded rows of `files`, computed once (persisted and counted: the caller unpersists).
-
-    A bronze file is the rows of one peek call, whole transactions (docs/internals.md "Bronze"), so each file is
-    read as one partition in its row order and decoded by one task (files in parallel): no shuffle, no sort.
-    `InFileOrder` checks the order in the task.
-    """
-    from pyspark import StorageLevel
+def _bronze(spark, files: list[BronzeFile]):
+    """The rows of `files`, each file one partition read in its row order (a bronze file is the rows of one peek
+    call, whole transactions: docs/internals.md "Bronze"), so each is decoded by one task, files in parallel: no
+    shuffle, no sort. `InFileOrder` checks the order in the task."""
     from pyspark.sql import functions as F
 
     session = spark.newSession()
     for k, v in _WHOLE_FILES.items():
         session.conf.set(k, v)
-    bronze = (session.read.schema("lsn long, xid long, data binary, ord long").parquet(*[f.path for f in files])
-              .select("lsn", "xid", "data", "ord", F.col("_metadata.file_name").alias("file")))
-    decoded = bronze.mapInArrow(decode_partition, DECODED_DDL).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        _executor_errors(decoded.count)  # one pass fills the cache: the later queries read it, none decodes again
-    except BaseException:
-        decoded.unpersist()
-        raise
-    return decoded
+    return (session.read.schema("lsn long, xid long, data binary, ord long").parquet(*[f.path for f in files])
+            .select("lsn", "xid", "data", "ord", F.col("_metadata.file_name").alias("file")))
 
 
-def _commit_ends(decoded):
+def _frame_type(*types: bytes):
+    """The pgoutput message type byte of a bronze row is one of `types` (a binary comparison in the JVM)."""
     from pyspark.sql import functions as F
 
-    return decoded.filter(F.col("kind") == KIND_COMMIT).select("commit_lsn", F.col("commit_end_lsn").alias("_end"))
+    return F.substring("data", 1, 1).isin(*[bytearray(t) for t in types])
 
 
-def _with_commit_ends(decoded, rows):
-    """`rows` (of `decoded`) with `commit_end_lsn` set. The decode task set it (`CommitEnds`) except on the rows of
-    transactions too big to hold: only those, if any, are joined with the commits."""
+def _frame_int(start: int, width: int):
+    """The big-endian unsigned integer at byte `start` (1-based) of a bronze row's frame, as a long."""
     from pyspark.sql import functions as F
 
-    open_ = F.col("commit_end_lsn").isNull()
-    if rows.where(open_).isEmpty():
-        return rows
-    joined = (rows.where(open_).join(_commit_ends(decoded), "commit_lsn", "left")
-              .withColumn("commit_end_lsn", F.col("_end")).drop("_end"))
-    return rows.where(~open_).unionByName(joined)
+    return F.conv(F.hex(F.substring("data", start, width)), 16, 10).cast("long")
 
 
-def _silver_rows(decoded):
-    """The change rows in silver's columns, with their transaction's commit end LSN."""
+@dataclass(frozen=True)
+class BronzeSummary:
+    """What the decode learns from the raw frames in the JVM, before decoding them (`_summarize`)."""
+
+    meta_txns: list[tuple[str, int]]  # (file, xid) of the transactions with Relation, Type or logical messages
+    big_ends: dict[int, int]  # commit LSN -> end LSN of the transactions that may be too big to hold in a task
+    changes_per_oid: dict[int, int]  # Insert/Update/Delete frames per relation OID (silver's file layout)
+
+
+def _summarize(bronze, max_held_rows: int) -> BronzeSummary:
+    """Aggregations of the raw frames, no Python: which transactions carry catalog messages; which may have more
+    decoded rows than a task holds (each frame gives at most one row, a TRUNCATE one per relation; a
+    transaction's frames are consecutive in its file, from its Begin to its Commit), and their Commit's LSNs;
+    the row changes per relation."""
     from pyspark.sql import functions as F
 
-    return _with_commit_ends(decoded, decoded.filter(F.col("kind") == KIND_CHANGE)).select(*SILVER_COLUMNS)
+    per_txn = (bronze.where(_frame_type(b"B", b"C", b"T", b"R", b"Y", b"M")).groupBy("file", "xid").agg(
+        (F.max("ord") - F.min("ord") + 1
+         + F.sum(F.when(_frame_type(b"T"), _frame_int(2, 4) - 1).otherwise(F.lit(0)))).alias("rows"),
+        F.count(F.when(_frame_type(b"R", b"Y", b"M"), 1)).alias("meta")))
+    # Half the limit: a row outside any transaction (a non-transactional message) may be held with the next one.
+    got = per_txn.agg(
+        F.collect_list(F.when(F.col("meta") > 0, F.struct("file", "xid"))).alias("meta"),
+        F.collect_list(F.when(F.col("rows") > max_held_rows // 2, F.struct("file", "xid"))).alias("big"),
+    ).collect()[0]
+    big_ends: dict[int, int] = {}
+    if got["big"]:
+        txns = bronze.sparkSession.createDataFrame([(r["file"], r["xid"]) for r in got["big"]], "file string, xid long")
+        for r in bronze.join(F.broadcast(txns), ["file", "xid"], "left_semi").where(_frame_type(b"C")).collect():
+            commit = decode_message(bytes(r["data"]), r["lsn"])
+            if not isinstance(commit, Commit):  # pragma: no cover - the filter took Commit frames only
+                raise DecodeError(f"bronze file {r['file']}: ord {r['ord']} is not a Commit message")
+            big_ends[commit.commit_lsn.value] = commit.end_lsn.value
+    per_oid = (bronze.where(_frame_type(b"I", b"U", b"D")).groupBy(F.substring("data", 2, 4).alias("oid")).count()
+               .collect())
+    return BronzeSummary(meta_txns=[(r["file"], int(r["xid"])) for r in got["meta"]], big_ends=big_ends,
+                         changes_per_oid={int.from_bytes(r["oid"], "big"): int(r["count"]) for r in per_oid})
+
+
+def _catalog_rows(bronze, summary: BronzeSummary) -> list[dict]:
+    """The decoded Relation, Type and DDL-event rows (with their transaction's commit LSNs): the frames of the
+    transactions that carry them, without their row changes, decoded in this process in stream order."""
+    import pyarrow as pa
+    from pyspark.sql import functions as F
+
+    if not summary.meta_txns:
+        return []
+    txns = bronze.sparkSession.createDataFrame(summary.meta_txns, "file string, xid long")
+    frames = (bronze.join(F.broadcast(txns), ["file", "xid"], "left_semi")
+              .where(~_frame_type(b"I", b"U", b"D", b"T")).collect())
+    frames.sort(key=lambda r: (r["file"], r["ord"]))
+    types = {"lsn": pa.int64(), "xid": pa.int64(), "data": pa.binary(), "ord": pa.int64(), "file": pa.string()}
+    batch = pa.RecordBatch.from_pydict({c: pa.array([bytes(r[c]) if c == "data" else r[c] for r in frames], t)
+                                        for c, t in types.items()})
+    out = [row for b in decode_partition(iter([batch])) for row in b.to_pylist()]
+    return [r for r in out if r["kind"] in (KIND_RELATION, KIND_TYPE, KIND_DDL)]
+
+
+def _silver_changes(bronze, summary: BronzeSummary, max_held_rows: int, where=None):
+    """Silver's rows of the decoded `bronze` (changes only, with their commit end LSNs), laid out by table, ready
+    to write: the decode runs once, inside the write (nothing is cached)."""
+    from pyspark.sql import functions as F
+
+    decode = partial(decode_partition, known_ends=summary.big_ends, max_held_rows=max_held_rows)
+    changes = (bronze.mapInArrow(decode, DECODED_DDL).where(F.col("kind") == KIND_CHANGE)
+               .select(*SILVER_COLUMNS))
+    if where is not None:
+        changes = changes.where(where)
+    return _by_table(changes, summary.changes_per_oid)
 
 
 _ROWS_PER_FILE = 1_000_000  # silver rows per Parquet file of one table (a bigger batch of a table: more files)
 
 
-def _by_table(changes):
+def _by_table(changes, per_oid: dict[int, int]):
     """`changes` laid out for the merge: each silver file holds the changes of one table (a big batch of a table:
     several files), so the merge of a table reads only its own files (Delta skips the others by their schema and
-    table name statistics), not every change of the run. One small aggregate sizes the layout, no sampling."""
+    table name statistics), not every change of the run. `per_oid` (the row changes per relation, counted from the
+    frames) sizes the layout; a relation it lacks (only TRUNCATEd) goes with the first."""
     from pyspark.sql import functions as F
 
     session = changes.sparkSession
-    per_table = sorted((r["schema_name"], r["table_name"], int(r["count"]))
-                       for r in changes.groupBy("schema_name", "table_name").count().collect())
     layout, total = [], 0
-    for schema, table, n in per_table:
+    for oid, n in sorted(per_oid.items()):
         k = -(-n // _ROWS_PER_FILE)
-        layout.append((schema, table, total, k))
+        layout.append((oid, total, k))
         total += k
     if total <= 1:
         return changes.repartition(1)
     seeds = _partition_seeds(session, total)
-    slots = session.createDataFrame(layout, "schema_name string, table_name string, __first int, __parts int")
-    part = F.col("__first") + F.pmod(F.hash("commit_lsn", "seq"), F.col("__parts"))
-    return (changes.join(F.broadcast(slots), ["schema_name", "table_name"])
+    slots = session.createDataFrame(layout, "rel_oid long, __first int, __parts int")
+    part = F.coalesce(F.col("__first"), F.lit(0)) + F.pmod(F.hash("commit_lsn", "seq"),
+                                                          F.coalesce(F.col("__parts"), F.lit(1)))
+    return (changes.join(F.broadcast(slots), "rel_oid", "left")
             .withColumn("__seed", F.element_at(F.array(*[F.lit(v).cast("long") for v in seeds]), part + 1))
             .repartition(total, "__seed").select(*SILVER_COLUMNS))
 
@@ -209,7 +264,6 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
     Re-running is a no-op. Bootstrap definitions archived at slot creation (`bronze/catalog/*.json`) enter
     `_catalog` here too, also when there is no new bronze file.
     """
-    from pyspark.sql import functions as F
 
     cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
@@ -227,26 +281,22 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
         return DecodeResult(files_decoded=0, changes_written=0, end_lsn=watermark, catalog_versions_added=added)
     end = todo[-1].end_lsn
     started = time.monotonic()
-    decoded = _decode_files(spark, todo)
-    try:
-        meta_rows = _executor_errors(lambda: _with_commit_ends(
-            decoded, decoded.filter(F.col("kind").isin(KIND_RELATION, KIND_TYPE, KIND_DDL))).collect())
-        added, warnings = _update_catalog(spark, paths.catalog, meta_rows, [b for b in boots if b.lsn <= end],
-                                          source=source, end_lsn=end)
-        ddl_events = write_ddl_log(spark, ddl_log_path(paths), [r for r in meta_rows if r["kind"] == KIND_DDL],
-                                   source=source, end_lsn=end)
-        # Test-only failpoint: the process dies after the catalog and DDL log commits, before the silver commit.
-        failpoints.die_at(failpoints.DECODE_AFTER_CATALOG)
-        changes = _by_table(_silver_rows(decoded))
-        (changes.write.format("delta").mode("append")
-         .option("txnAppId", app_id(source)).option("txnVersion", end.value)
-         .option("userMetadata", CommitMeta(STAGE_DECODE, end).json())
-         .save(paths.changes))
-        n = _rows_written(paths.changes, end)
-        if n is None:  # a lake Spark alone can read: count again (one more pass over the decoded rows)
-            n = changes.count()
-    finally:
-        decoded.unpersist()
+    held = MAX_HELD_ROWS
+    bronze = _bronze(spark, todo)
+    summary = _summarize(bronze, held)
+    meta_rows = _catalog_rows(bronze, summary)
+    added, warnings = _update_catalog(spark, paths.catalog, meta_rows, [b for b in boots if b.lsn <= end],
+                                      source=source, end_lsn=end)
+    ddl_events = write_ddl_log(spark, ddl_log_path(paths), [r for r in meta_rows if r["kind"] == KIND_DDL],
+                               source=source, end_lsn=end)
+    # Test-only failpoint: the process dies after the catalog and DDL log commits, before the silver commit.
+    failpoints.die_at(failpoints.DECODE_AFTER_CATALOG)
+    changes = _silver_changes(bronze, summary, held)
+    _executor_errors(lambda: changes.write.format("delta").mode("append")
+                     .option("txnAppId", app_id(source)).option("txnVersion", end.value)
+                     .option("userMetadata", CommitMeta(STAGE_DECODE, end).json())
+                     .save(paths.changes))
+    n = _rows_written(spark, paths.changes, end)
     secs = time.monotonic() - started
     for w in warnings:
         log.warning("decode %s: %s", source, w)
@@ -256,14 +306,21 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
                         ddl_events=ddl_events, warnings=tuple(warnings))
 
 
-def _rows_written(changes_path: str, end: Lsn) -> int | None:
-    """The rows of silver's decode commit ending at `end` (its write metrics), from the log of a local lake."""
-    if not delta_log.readable(changes_path):
-        return None
-    last = delta_log.latest_slotlake_commit(changes_path, "decode")
-    if last is None or last.end_lsn != str(end) or "numOutputRows" not in last.metrics:
-        return None
-    return int(last.metrics["numOutputRows"])
+def _rows_written(spark, changes_path: str, end: Lsn) -> int:
+    """The rows of the newest decode commit of `changes_path` (ending at `end`), from its write metrics: the JSON
+    commit of a local lake, else Delta's history."""
+    from delta.tables import DeltaTable
+
+    if delta_log.readable(changes_path):
+        last = delta_log.latest_slotlake_commit(changes_path, "decode")
+        metrics = last.metrics if last is not None and last.end_lsn == str(end) else {}
+    else:
+        row = DeltaTable.forPath(spark, changes_path).history(1).collect()[0]
+        meta = CommitMeta.parse(row["userMetadata"])
+        metrics = dict(row["operationMetrics"] or {}) if meta is not None and meta.end_lsn == end else {}
+    if "numOutputRows" not in metrics:  # a write without new rows (a no-op append, an empty overwrite)
+        return 0
+    return int(metrics["numOutputRows"])
 
 
 def files_for_range(files: list[BronzeFile], after: Lsn | None, upto: Lsn) -> list[BronzeFile]:
@@ -292,22 +349,19 @@ def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, 
     todo = files_for_range(list_bronze(paths.root), after, upto)
     started = time.monotonic()
     if todo:
-        decoded = _decode_files(spark, todo)
+        held = MAX_HELD_ROWS
+        bronze = _bronze(spark, todo)
         cond = F.col("commit_lsn") <= int(upto)
         if after is not None:
             cond = cond & (F.col("commit_end_lsn") > int(after))  # `after` is an end position (see merge/job.py)
-        changes = _by_table(_silver_rows(decoded).where(cond))
+        changes = _silver_changes(bronze, _summarize(bronze, held), held, where=cond)
     else:
-        decoded, changes = None, spark.createDataFrame([], SILVER_DDL)
-    try:
-        n = _executor_errors(changes.count)
-        (changes.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-         .option("userMetadata", CommitMeta(STAGE_DECODE, upto,
-                                              {"after_lsn": str(after) if after else None}).json())
-         .save(changes_path))
-    finally:
-        if decoded is not None:
-            decoded.unpersist()
+        changes = spark.createDataFrame([], SILVER_DDL)
+    _executor_errors(lambda: changes.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                     .option("userMetadata", CommitMeta(STAGE_DECODE, upto,
+                                                          {"after_lsn": str(after) if after else None}).json())
+                     .save(changes_path))
+    n = _rows_written(spark, changes_path, upto)
     log.info("decode %s: re-decoded %d change(s) with %s < commit LSN <= %s from %d bronze file(s) into %s (%.1fs)",
              source, n, after, upto, len(todo), changes_path, time.monotonic() - started)
     return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=upto)
