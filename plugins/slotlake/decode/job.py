@@ -308,16 +308,22 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
 
 def _rows_written(spark, changes_path: str, end: Lsn) -> int:
     """The rows of the newest decode commit of `changes_path` (ending at `end`), from its write metrics: the JSON
-    commit of a local lake, else Delta's history."""
+    commit of a local lake, else Delta's history (looked back as `decode_watermark` does: OPTIMIZE/VACUUM commits
+    may sit on top)."""
     from delta.tables import DeltaTable
 
+    metrics: dict = {}
     if delta_log.readable(changes_path):
         last = delta_log.latest_slotlake_commit(changes_path, "decode")
-        metrics = last.metrics if last is not None and last.end_lsn == str(end) else {}
+        if last is not None and last.end_lsn == str(end):
+            metrics = dict(last.metrics)
     else:
-        row = DeltaTable.forPath(spark, changes_path).history(1).collect()[0]
-        meta = CommitMeta.parse(row["userMetadata"])
-        metrics = dict(row["operationMetrics"] or {}) if meta is not None and meta.end_lsn == end else {}
+        for row in DeltaTable.forPath(spark, changes_path).history(100).orderBy("version", ascending=False).collect():
+            meta = CommitMeta.parse(row["userMetadata"])
+            if meta is not None and meta.stage == STAGE_DECODE:
+                if meta.end_lsn == end:
+                    metrics = dict(row["operationMetrics"] or {})
+                break
     if "numOutputRows" not in metrics:  # a write without new rows (a no-op append, an empty overwrite)
         return 0
     return int(metrics["numOutputRows"])
