@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -186,7 +185,7 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
         return replace(result, started_at=started)
 
     # Tables merge concurrently (each in its own session: invariant 4), at most _MAX_PARALLEL_TABLES at a time so a
-    # source with hundreds of tables does not hold hundreds of cached batches in the driver at once.
+    # source with hundreds of tables does not run hundreds of MERGEs (and their materialized sources) at once.
     with ThreadPoolExecutor(max_workers=max(1, min(len(names), _MAX_PARALLEL_TABLES)),
                             thread_name_prefix="slotlake-merge") as pool:
         futures = {name: pool.submit(one, name) for name in names}
@@ -332,48 +331,46 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     after = after.where(F.col("op") != "T")
 
     quarantined = unapplied = 0
-    typed: DataFrame | None = None
     source_df: DataFrame | None = None
     append_df: DataFrame | None = None
-    try:
-        if plan is not None and evo is not None:
-            typed = typed_layouts(after, plan, evo, layouts, numeric).persist(StorageLevel.MEMORY_AND_DISK)
-            # One pass over the typed batch (it fills the cache the later steps read) counts what decides them:
-            # values to quarantine, key changes (keyed tables), updates/deletes an insert-only table cannot apply.
-            keyed = plan.strategy is KeyStrategy.KEYED
-            checks = typed.agg(F.count(F.when(has_bad_value(plan), 1)).alias("bad"),
-                               F.count(F.when(lineage.key_changed(plan), 1) if keyed else F.lit(None)).alias("moved"),
-                               F.count(F.when(F.col("op").isin("U", "D"), 1)).alias("ud")).collect()[0]
-            quarantined = quarantine_bad_values(session, src, paths, plan, typed, end, bad_rows=int(checks["bad"]))
-            if trunc is None and (plain == n or plan.strategy is KeyStrategy.INSERT_ONLY):
-                append_df = _append_rows(session, plan, typed, gold)
-            if append_df is not None:
-                if plan.strategy is KeyStrategy.INSERT_ONLY:
-                    unapplied = int(checks["ud"])
-            elif keyed:
-                # Gold seeds the lineages only to fill unchanged TOAST: a batch without any needs no read of gold
-                # (a soft delete's values then come from gold in the MERGE itself, as `__partial` says).
-                source_df = lineage.keyed_source(plan, typed, None if trunc or not toast
-                                                 else DeltaTable.forPath(session, gold).toDF(), toast=toast > 0,
-                                                 key_changes=int(checks["moved"]))
-            elif plan.strategy is KeyStrategy.FULL_ROW:
-                source_df = lineage.full_row_source(
-                    plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
-            else:
+    if plan is not None and evo is not None:
+        # Not cached: each later step reads the table's silver files again and types them as it goes. Building
+        # Spark's columnar cache of the typed batch cost more than those reads at millions of changes
+        # (bench/README.md, "the merge without its cache"), and held the batch in the driver's memory.
+        typed = typed_layouts(after, plan, evo, layouts, numeric)
+        # One pass over the typed batch counts what decides the later steps: values to quarantine, key
+        # changes (keyed tables), updates/deletes an insert-only table cannot apply.
+        keyed = plan.strategy is KeyStrategy.KEYED
+        checks = typed.agg(F.count(F.when(has_bad_value(plan), 1)).alias("bad"),
+                           F.count(F.when(lineage.key_changed(plan), 1) if keyed else F.lit(None)).alias("moved"),
+                           F.count(F.when(F.col("op").isin("U", "D"), 1)).alias("ud")).collect()[0]
+        quarantined = quarantine_bad_values(session, src, paths, plan, typed, end, bad_rows=int(checks["bad"]))
+        if trunc is None and (plain == n or plan.strategy is KeyStrategy.INSERT_ONLY):
+            append_df = _append_rows(session, plan, typed, gold)
+        if append_df is not None:
+            if plan.strategy is KeyStrategy.INSERT_ONLY:
                 unapplied = int(checks["ud"])
-                source_df = typed.where(F.col("op") == "I").select(*lineage.value_cols(plan), *lineage.meta_cols())
-        if src.keeps_history(name) and gold == paths.gold(schema, table):  # not a replay's own gold paths
-            from slotlake.merge.history_job import HistoryBatch, write_history
+        elif keyed:
+            # Gold seeds the lineages only to fill unchanged TOAST: a batch without any needs no read of gold
+            # (a soft delete's values then come from gold in the MERGE itself, as `__partial` says).
+            source_df = lineage.keyed_source(plan, typed, None if trunc or not toast
+                                             else DeltaTable.forPath(session, gold).toDF(), toast=toast > 0,
+                                             key_changes=int(checks["moved"]))
+        elif plan.strategy is KeyStrategy.FULL_ROW:
+            source_df = lineage.full_row_source(
+                plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
+        else:
+            unapplied = int(checks["ud"])
+            source_df = typed.where(F.col("op") == "I").select(*lineage.value_cols(plan), *lineage.meta_cols())
+    if src.keeps_history(name) and gold == paths.gold(schema, table):  # not a replay's own gold paths
+        from slotlake.merge.history_job import HistoryBatch, write_history
 
-            write_history(session, HistoryBatch(src, paths, schema, table, end, batch, plan, evo, layouts, gold,
-                                                mark))
-        if unapplied:
-            log.warning("%s is merged insert-only (REPLICA IDENTITY NOTHING, or keyless): %d update(s)/"
-                        "delete(s) up to %s cannot be applied", name, unapplied, end)
-        _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc, append_df)
-    finally:
-        if typed is not None:
-            typed.unpersist()
+        write_history(session, HistoryBatch(src, paths, schema, table, end, batch, plan, evo, layouts, gold,
+                                            mark))
+    if unapplied:
+        log.warning("%s is merged insert-only (REPLICA IDENTITY NOTHING, or keyless): %d update(s)/"
+                    "delete(s) up to %s cannot be applied", name, unapplied, end)
+    _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc, append_df)
     version, metrics = _last_commit(session, gold)
     result = TableMergeResult(
         schema, table, n, version,
