@@ -336,7 +336,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     if plan is not None and evo is not None:
         # Not cached: each later step reads the table's silver files again and types them as it goes. Building
         # Spark's columnar cache of the typed batch cost more than those reads at millions of changes
-        # (bench/README.md, "the merge without its cache"), and held the batch in the driver's memory.
+        # (bench/README.md, "the merge without its cache"), and held the batch in Spark's memory.
         typed = typed_layouts(after, plan, evo, layouts, numeric)
         # One pass over the typed batch counts what decides the later steps: values to quarantine, key
         # changes (keyed tables), updates/deletes an insert-only table cannot apply.
