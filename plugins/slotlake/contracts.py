@@ -49,6 +49,15 @@ SILVER: Columns = (
 )
 """`silver/changes`: one row per row change or TRUNCATE (the decoder's `frames.SilverChange`, same order)."""
 
+SILVER_STATS_COLUMNS = 10
+"""Delta collects column statistics for silver's first columns only, up to `op`: the LSNs, xid, seq, relation and
+table name that every reader filters silver by (data skipping). The arrays and values after them are never
+filtered on; their statistics cost the decode's write ~10% (bench/README.md, "2026-11-27")."""
+
+SILVER_PROPERTIES: Mapping[str, str] = {"delta.dataSkippingNumIndexedCols": str(SILVER_STATS_COLUMNS)}
+"""Table properties of a silver-shaped Delta table (`silver/changes`, a replay's re-decoded changes), set when the
+table is created (an existing table keeps its own)."""
+
 DECODED: Columns = (("kind", "string"), *SILVER, ("content", "binary"))
 """The decoder's output rows before Spark splits them (`decode.decoded`: what each kind of row carries)."""
 

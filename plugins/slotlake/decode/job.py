@@ -1,6 +1,6 @@
 """The decode job: new bronze files -> `silver/changes` (one Delta commit) and `_catalog` (docs/internals.md).
 
-    bronze/*.parquet ──two aggregations of the raw frames (JVM)──▶ BronzeSummary (catalog transactions, big
+    bronze/*.parquet ──one aggregation of the raw frames (JVM)──▶ BronzeSummary (catalog transactions, big
                                                                      transactions' commit ends, changes per table)
         frames of the catalog transactions minus their row changes ──collect (small), BatchDecoder in the driver──▶
             Relation/Type/DDL rows ──▶ catalog versioning ──▶ _catalog (rewrite, idempotent)
@@ -162,14 +162,22 @@ def _summarize(bronze, max_held_rows: int) -> BronzeSummary:
     the row changes per relation."""
     from pyspark.sql import functions as F
 
-    per_txn = (bronze.where(_frame_type(b"B", b"C", b"T", b"R", b"Y", b"M")).groupBy("file", "xid").agg(
-        (F.max("ord") - F.min("ord") + 1
-         + F.sum(F.when(_frame_type(b"T"), _frame_int(2, 4) - 1).otherwise(F.lit(0)))).alias("rows"),
-        F.count(F.when(_frame_type(b"R", b"Y", b"M"), 1)).alias("meta")))
+    # One scan, one aggregation: a group per transaction (file, xid) of its Begin, Commit, Truncate and catalog
+    # frames, and a group per relation (oid) of the Insert/Update/Delete frames.
+    row_change = _frame_type(b"I", b"U", b"D")
+    groups = (bronze.where(_frame_type(b"B", b"C", b"T", b"R", b"Y", b"M", b"I", b"U", b"D"))
+              .groupBy(F.when(~row_change, F.col("file")).alias("file"), F.when(~row_change, F.col("xid")).alias("xid"),
+                       F.when(row_change, F.substring("data", 2, 4)).alias("oid"))
+              .agg((F.max("ord") - F.min("ord") + 1
+                    + F.sum(F.when(_frame_type(b"T"), _frame_int(2, 4) - 1).otherwise(F.lit(0)))).alias("rows"),
+                   F.count(F.when(_frame_type(b"R", b"Y", b"M"), 1)).alias("meta"),
+                   F.count(F.lit(1)).alias("count")))
+    txn = F.col("oid").isNull()
     # Half the limit: a row outside any transaction (a non-transactional message) may be held with the next one.
-    got = per_txn.agg(
-        F.collect_list(F.when(F.col("meta") > 0, F.struct("file", "xid"))).alias("meta"),
-        F.collect_list(F.when(F.col("rows") > max_held_rows // 2, F.struct("file", "xid"))).alias("big"),
+    got = groups.agg(
+        F.collect_list(F.when(txn & (F.col("meta") > 0), F.struct("file", "xid"))).alias("meta"),
+        F.collect_list(F.when(txn & (F.col("rows") > max_held_rows // 2), F.struct("file", "xid"))).alias("big"),
+        F.collect_list(F.when(~txn, F.struct("oid", "count"))).alias("per_oid"),
     ).collect()[0]
     big_ends: dict[int, int] = {}
     if got["big"]:
@@ -179,10 +187,8 @@ def _summarize(bronze, max_held_rows: int) -> BronzeSummary:
             if not isinstance(commit, Commit):  # pragma: no cover - the filter took Commit frames only
                 raise DecodeError(f"bronze file {r['file']}: ord {r['ord']} is not a Commit message")
             big_ends[commit.commit_lsn.value] = commit.end_lsn.value
-    per_oid = (bronze.where(_frame_type(b"I", b"U", b"D")).groupBy(F.substring("data", 2, 4).alias("oid")).count()
-               .collect())
     return BronzeSummary(meta_txns=[(r["file"], int(r["xid"])) for r in got["meta"]], big_ends=big_ends,
-                         changes_per_oid={int.from_bytes(r["oid"], "big"): int(r["count"]) for r in per_oid})
+                         changes_per_oid={int.from_bytes(r["oid"], "big"): int(r["count"]) for r in got["per_oid"]})
 
 
 def _catalog_rows(bronze, summary: BronzeSummary) -> list[dict]:
@@ -292,7 +298,7 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
     # Test-only failpoint: the process dies after the catalog and DDL log commits, before the silver commit.
     failpoints.die_at(failpoints.DECODE_AFTER_CATALOG)
     changes = _silver_changes(bronze, summary, held)
-    _executor_errors(lambda: changes.write.format("delta").mode("append")
+    _executor_errors(lambda: changes.write.format("delta").mode("append").options(**contracts.SILVER_PROPERTIES)
                      .option("txnAppId", app_id(source)).option("txnVersion", end.value)
                      .option("userMetadata", CommitMeta(STAGE_DECODE, end).json())
                      .save(paths.changes))
@@ -364,6 +370,7 @@ def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, 
     else:
         changes = spark.createDataFrame([], SILVER_DDL)
     _executor_errors(lambda: changes.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                     .options(**contracts.SILVER_PROPERTIES)
                      .option("userMetadata", CommitMeta(STAGE_DECODE, upto,
                                                           {"after_lsn": str(after) if after else None}).json())
                      .save(changes_path))

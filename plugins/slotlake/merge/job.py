@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
@@ -340,13 +340,16 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         typed = typed_layouts(after, plan, evo, layouts, numeric)
         # One pass over the typed batch counts what decides the later steps: values to quarantine, key
         # changes (keyed tables), updates/deletes an insert-only table cannot apply.
+        # A batch that may be an append also counts, in the same pass, what `_append_rows` decides it by.
         keyed = plan.strategy is KeyStrategy.KEYED
+        may_append = trunc is None and (plain == n or plan.strategy is KeyStrategy.INSERT_ONLY)
         checks = typed.agg(F.count(F.when(has_bad_value(plan), 1)).alias("bad"),
                            F.count(F.when(lineage.key_changed(plan), 1) if keyed else F.lit(None)).alias("moved"),
-                           F.count(F.when(F.col("op").isin("U", "D"), 1)).alias("ud")).collect()[0]
+                           F.count(F.when(F.col("op").isin("U", "D"), 1)).alias("ud"),
+                           *(_append_aggs(plan, typed) if may_append else [])).collect()[0]
         quarantined = quarantine_bad_values(session, src, paths, plan, typed, end, bad_rows=int(checks["bad"]))
-        if trunc is None and (plain == n or plan.strategy is KeyStrategy.INSERT_ONLY):
-            append_df = _append_rows(session, plan, typed, gold)
+        if may_append:
+            append_df = _append_rows(session, plan, typed, gold, checks)
         if append_df is not None:
             if plan.strategy is KeyStrategy.INSERT_ONLY:
                 unapplied = int(checks["ud"])
@@ -419,38 +422,56 @@ def _last_commit(session: SparkSession, gold: str) -> tuple[int, dict[str, str]]
 _PRUNABLE = (NumericType, StringType, DateType, TimestampType, TimestampNTZType, BooleanType)
 
 
-def _append_rows(session: SparkSession, plan: TablePlan, typed: DataFrame, gold: str) -> DataFrame | None:
+def _append_keys(plan: TablePlan, typed: DataFrame) -> tuple[list[int], list[int]]:
+    """The key positions an append is checked by (KEYED: the key columns; FULL: every column; NOTHING: none),
+    and those of them whose value ranges prune gold's files."""
+    if plan.strategy is KeyStrategy.INSERT_ONLY:
+        return [], []
+    keys = list(plan.key_positions) if plan.strategy is KeyStrategy.KEYED else list(range(len(plan.shape.columns)))
+    return keys, [k for k in keys if isinstance(typed.schema[f"__n{k}"].dataType, _PRUNABLE)]
+
+
+def _append_aggs(plan: TablePlan, typed: DataFrame) -> list:
+    """Aggregates over the batch's inserts that `_append_rows` decides by: their number (`a_n`), their distinct
+    keys (`a_keys`, KEYED) and, per prunable key column k, its range and NULLs (`a_lo{k}`, `a_hi{k}`,
+    `a_nulls{k}`). Computed in the merge's one pass over the typed batch."""
+    keys, prunable = _append_keys(plan, typed)
+    if not keys:
+        return []
+    ins = F.col("op") == "I"
+    aggs = [F.count(F.when(ins, 1)).alias("a_n")]
+    if plan.strategy is KeyStrategy.KEYED:  # FULL rows may repeat: `_slotlake_dup` numbers the copies
+        aggs.append(F.count_distinct(F.when(ins, F.struct(*[F.col(f"__n{k}") for k in keys]))).alias("a_keys"))
+    for k in prunable:
+        v = F.when(ins, F.col(f"__n{k}"))
+        aggs += [F.min(v).alias(f"a_lo{k}"), F.max(v).alias(f"a_hi{k}"),
+                 F.count(F.when(ins & F.col(f"__n{k}").isNull(), 1)).alias(f"a_nulls{k}")]
+    return aggs
+
+
+def _append_rows(session: SparkSession, plan: TablePlan, typed: DataFrame, gold: str, r: Row) -> DataFrame | None:
     """The batch as gold rows to append, when appending them is exactly what the MERGE would do; else None.
 
     The caller has checked that the batch holds no TRUNCATE and only plain inserts (NOTHING tables: only the
-    inserts are ever applied). Then the MERGE inserts every row and updates none, unless gold already holds a row
-    with the same key (KEYED: the key columns, a soft-deleted row included; FULL: the whole row, whose copies
-    `_slotlake_dup` numbers) or the batch repeats a key: those batches keep the MERGE. That check reads only the
-    gold files whose column statistics overlap the batch's value ranges (Delta data skipping), not all of gold.
+    inserts are ever applied), and aggregated the inserts (`r`: `_append_aggs`). Then the MERGE inserts every row
+    and updates none, unless gold already holds a row with the same key (KEYED: the key columns, a soft-deleted
+    row included; FULL: the whole row, whose copies `_slotlake_dup` numbers) or the batch repeats a key: those
+    batches keep the MERGE. That check reads only the gold files whose column statistics overlap the batch's value
+    ranges (Delta data skipping), not all of gold.
     """
     from delta.tables import DeltaTable
 
     shape = plan.shape
-    ncols = len(shape.columns)
     inserts = typed.where(F.col("op") == "I")
-    if plan.strategy is not KeyStrategy.INSERT_ONLY:
-        keys = list(plan.key_positions) if plan.strategy is KeyStrategy.KEYED else list(range(ncols))
-        key_cols = [F.col(f"__n{k}") for k in keys]
-        prunable = [k for k in keys if isinstance(inserts.schema[f"__n{k}"].dataType, _PRUNABLE)]
-        aggs = [F.count(F.lit(1)).alias("n")]
-        if plan.strategy is KeyStrategy.KEYED:  # FULL rows may repeat: `_slotlake_dup` numbers the copies below
-            aggs.append(F.count_distinct(F.struct(*key_cols)).alias("keys"))
-        for k in prunable:
-            aggs += [F.min(f"__n{k}").alias(f"lo{k}"), F.max(f"__n{k}").alias(f"hi{k}"),
-                     F.count(F.when(F.col(f"__n{k}").isNull(), 1)).alias(f"nulls{k}")]
-        r = inserts.agg(*aggs).collect()[0]
-        if plan.strategy is KeyStrategy.KEYED and r["keys"] != r["n"]:
+    keys, prunable = _append_keys(plan, typed)
+    if keys:
+        if plan.strategy is KeyStrategy.KEYED and r["a_keys"] != r["a_n"]:
             return None  # a key inserted twice: the MERGE keeps the last one
         target = DeltaTable.forPath(session, gold).toDF()
         for k in prunable:
             c = F.col(_q(shape.columns[k]))
-            within = c.between(r[f"lo{k}"], r[f"hi{k}"]) if r[f"lo{k}"] is not None else F.lit(False)
-            target = target.where(within | c.isNull() if r[f"nulls{k}"] else within)
+            within = c.between(r[f"a_lo{k}"], r[f"a_hi{k}"]) if r[f"a_lo{k}"] is not None else F.lit(False)
+            target = target.where(within | c.isNull() if r[f"a_nulls{k}"] else within)
         # A semi join needs no distinct keys (and a whole-row distinct of a big FULL batch is a costly aggregation).
         batch_keys = inserts.select(*[F.col(f"__n{k}").alias(f"__k{j}") for j, k in enumerate(keys)])
         cond = lineage.and_all([target[_q(shape.columns[k])].eqNullSafe(batch_keys[f"__k{j}"])

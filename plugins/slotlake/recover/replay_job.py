@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from slotlake import contracts
 from slotlake.bronze import covered_lsn, max_archived_end
 from slotlake.config import Config
 from slotlake.contracts import STAGE_MERGE, CommitMeta
@@ -229,7 +230,8 @@ def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
 def _empty_changes(spark, path: str) -> str:
     from slotlake.decode.job import SILVER_DDL
 
-    spark.createDataFrame([], SILVER_DDL).write.format("delta").mode("overwrite").save(path)
+    (spark.createDataFrame([], SILVER_DDL).write.format("delta").mode("overwrite")
+     .options(**contracts.SILVER_PROPERTIES).save(path))
     return path
 
 
