@@ -276,5 +276,12 @@ def test_each_silver_file_holds_one_table(spark, pg_db, tmp_path, monkeypatch):
         per_table[s["minValues"]["table_name"]] = per_table.get(s["minValues"]["table_name"], 0) + 1
     assert per_table == {"big": 3, "small": 1, "tiny": 1}  # big: 140 changes at 50 per file
     assert sum(s["numRecords"] for s in stats) == 149
+    # Statistics for the columns readers filter silver by only (contracts.SILVER_PROPERTIES), set at creation.
+    first = sorted(Path(paths.changes, "_delta_log").glob("*.json"))[0].read_text().splitlines()
+    meta = next(json.loads(line)["metaData"] for line in first if '"metaData"' in line)
+    assert meta["configuration"] == {"delta.dataSkippingNumIndexedCols": "10"}
+    indexed = ["commit_lsn", "commit_end_lsn", "commit_ts", "xid", "seq", "lsn", "rel_oid", "schema_name",
+               "table_name", "op"]
+    assert all(sorted(s["nullCount"]) == sorted(indexed) for s in stats), stats
     got = spark.read.format("delta").load(paths.changes).groupBy("table_name").count().collect()
     assert {r["table_name"]: r["count"] for r in got} == {"big": 140, "small": 8, "tiny": 1}
