@@ -268,11 +268,16 @@ def test_a_person_syncs_watches_recovers_and_backfills_in_the_airflow_ui(airflow
             By.CSS_SELECTOR, "input[id$='radio:input:backfill']").find_element(By.XPATH, "..")).click()
         pickers = wait_for("the date range pickers", lambda: len(
             e := driver.find_elements(By.CSS_SELECTOR, "[data-testid=datetime-input]")) == 2 and e, 30)
+        popovers = "[data-scope=popover][data-part=content]"
         for picker in pickers:
+            # The previous picker's popover may still be on screen while it closes (slow on a loaded machine):
+            # typing into it fails, so wait until none shows, then for the one this click opens.
+            wait_for("the previous date picker to close", lambda: not any(
+                p.is_displayed() for p in driver.find_elements(By.CSS_SELECTOR, popovers)), 30)
             picker.click()
-            content = wait_for("the date picker", lambda: next(
-                p for p in driver.find_elements(By.CSS_SELECTOR, "[data-scope=popover][data-part=content]")
-                if p.is_displayed()), 30)
+            content = wait_for("the date picker", lambda: len(
+                shown := [p for p in driver.find_elements(By.CSS_SELECTOR, popovers) if p.is_displayed()]) == 1
+                and shown[0], 30)
             day, clock = (content.find_element(By.CSS_SELECTOR, f"input[placeholder='{ph}']")
                           for ph in ("YYYY/MM/DD", "HH:mm"))
             for field, value in ((day, b0.strftime("%Y/%m/%d")), (clock, b0.strftime("%H:%M"))):
