@@ -275,11 +275,13 @@ def test_a_person_syncs_watches_recovers_and_backfills_in_the_airflow_ui(airflow
             wait_for("the previous date picker to close", lambda: not any(
                 p.is_displayed() for p in driver.find_elements(By.CSS_SELECTOR, popovers)), 30)
             picker.click()
-            content = wait_for("the date picker", lambda: len(
-                shown := [p for p in driver.find_elements(By.CSS_SELECTOR, popovers) if p.is_displayed()]) == 1
-                and shown[0], 30)
-            day, clock = (content.find_element(By.CSS_SELECTOR, f"input[placeholder='{ph}']")
-                          for ph in ("YYYY/MM/DD", "HH:mm"))
+
+            def inputs():  # inside the probe, so a popover replaced meanwhile (a stale element) is looked up again
+                shown = [p for p in driver.find_elements(By.CSS_SELECTOR, popovers) if p.is_displayed()]
+                return len(shown) == 1 and [shown[0].find_element(By.CSS_SELECTOR, f"input[placeholder='{ph}']")
+                                            for ph in ("YYYY/MM/DD", "HH:mm")]
+
+            day, clock = wait_for("the date picker's date and time fields", inputs, 30)
             for field, value in ((day, b0.strftime("%Y/%m/%d")), (clock, b0.strftime("%H:%M"))):
                 _fill(driver, field, value)
             driver.find_element(By.XPATH, "//*[text()='Date Range']").click()  # closes the picker
