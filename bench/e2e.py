@@ -3,6 +3,7 @@
     .venv/bin/python bench/e2e.py                      # pgbench -i -s 1, then ~1 M row changes (tpcb-like)
     .venv/bin/python bench/e2e.py --changes 200000     # a shorter run
     .venv/bin/python bench/e2e.py --server             # the Spark apps in a long-lived `slotlake spark-server`
+    .venv/bin/python bench/e2e.py --auto-server        # `spark.server: auto`: the first sync starts that server
 
 Starts a throw-away LocalPostgres, `pgbench -i` (pgbench_history gets REPLICA IDENTITY FULL: it has no key),
 a first `sync` (publication, slot, initial copy of the pgbench tables: timed, not counted), then the built-in
@@ -11,7 +12,8 @@ its stages timed separately, the same functions the CLI and the DAG run (after t
 the baseline: `COPY (SELECT ... pg_logical_slot_peek_binary_changes ...) TO STDOUT` read into nothing):
   preflight + extract   in a spawned child, whose ru_maxrss is the extract's peak RSS
   decode, merge         spark-submit apps (JVM start included: that is what a run costs); with --server, in
-                        a `slotlake spark-server` started once before the first sync (config spark.server)
+                        a `slotlake spark-server` started once before the first sync (config spark.server);
+                        with --auto-server, `spark.server: auto`: the first sync (the initial copy) starts it
 Then `slotlake replay --dest` of the same LSN range (a backfill's rate per change; `--no-replay` skips it).
 Then the fixed cost: an idle `sync` (nothing new since the last one) and a sync of ~1,000 row changes over the 4
 tables (250 tpcb-like transactions), each `--repeat` times as `.venv/bin/slotlake sync` in a new process
@@ -152,6 +154,21 @@ def fixed_cost(cfg, pg: LocalPostgres, repeat: int) -> dict[str, list[float]]:
     return out
 
 
+def _stop_auto_server(state: Path) -> None:
+    """Stop the server `spark.server: auto` started (its pid is in its state file)."""
+    import signal
+
+    for info in (state / "spark-servers").glob("*.json"):
+        pid = json.loads(info.read_text())["pid"]
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(600):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--changes", type=int, default=1_000_000, help="row changes to generate (default 1,000,000)")
@@ -164,7 +181,12 @@ def main() -> None:
     ap.add_argument("--server", action="store_true",
                     help="run the Spark apps in a `slotlake spark-server` (spark.server) started before the first "
                          "sync: its start-up is reported apart, the stages pay no JVM start")
+    ap.add_argument("--auto-server", action="store_true",
+                    help="`spark.server: auto`: the first sync starts the server (inside its time), the later "
+                         "ones reuse it, as scheduled syncs do; it is stopped at the end")
     args = ap.parse_args()
+    if args.server and args.auto_server:
+        ap.error("--server and --auto-server exclude each other")
     logging.basicConfig(level=logging.WARNING)
     load_start = os.getloadavg()
     txns = max(1, args.changes // CHANGES_PER_TXN // args.clients)
@@ -180,7 +202,10 @@ def main() -> None:
         lake = str(Path(tmp) / "lake")
         if args.event_log:
             Path(args.event_log).mkdir(parents=True, exist_ok=True)
-        cfg = _config(lake, dsn, f"127.0.0.1:{free_port()}" if args.server else None,
+        if args.auto_server:  # its state (pid, address, log) in this run's folder, stopped at the end
+            os.environ["SLOTLAKE_STATE_DIR"] = str(Path(tmp) / "state")
+            stack.callback(_stop_auto_server, Path(tmp) / "state")
+        cfg = _config(lake, dsn, "auto" if args.auto_server else f"127.0.0.1:{free_port()}" if args.server else None,
                       str(Path(args.event_log).resolve()) if args.event_log else None)
         paths = LakePaths.of(lake, "bench")
         server_s, server = 0.0, None
@@ -188,7 +213,7 @@ def main() -> None:
             t = time.perf_counter()
             server = stack.enter_context(spark_server(Path(cfg.path), Path(tmp) / "spark-server.log"))
             server_s = time.perf_counter() - t
-        where = "Spark server" if server else "spark-submit"
+        where = "Spark server" if server else "auto Spark server" if args.auto_server else "spark-submit"
         from slotlake.pipeline import sync, task_decode, task_merge
 
         t = time.perf_counter()

@@ -8,7 +8,8 @@
     slotlake [--config FILE] undo SOURCE --xid N | --commit-lsn L [--out FILE]
     slotlake [--config FILE] recover SOURCE --as-of POINT --table T [--table T ...] --to DEST [--into-schema S]
                                                                                               [--replace]
-    slotlake [--config FILE] spark-server [--listen HOST:PORT]   a long-lived Spark driver (config spark.server)
+    slotlake [--config FILE] spark-server [--listen HOST:PORT] [--idle-minutes M]
+                                              a long-lived Spark driver (config spark.server)
 
 Each command is a `Command` in COMMANDS: a name, a help line, a function adding its arguments, and a function
 that runs it. Exit 0 on success; on failure one line `slotlake: error: <message>` and exit 1 (a traceback
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from slotlake.config import ENV_VAR, Config, load_config
+from slotlake.config import AUTO_SERVER, ENV_VAR, Config, load_config
 from slotlake.errors import SlotlakeError
 from slotlake.status import runs_status as runs_status  # re-exported: the CLI's answer for other lake schemes
 from slotlake.status import source_status
@@ -167,7 +168,12 @@ def run_recover(cfg: Config, args: argparse.Namespace) -> int:
 
 
 def _spark_server_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--listen", metavar="HOST:PORT", help="where to listen (default: the config's spark.server)")
+    p.add_argument("--listen", metavar="HOST:PORT", help="where to listen (default: the config's spark.server; "
+                   "port 0: a free one)")
+    p.add_argument("--idle-minutes", type=float, metavar="M", help="stop after M minutes without an app "
+                   "(default: run until SIGTERM)")
+    p.add_argument("--ready-file", metavar="FILE", help="write {pid, address, code} to FILE once listening, "
+                   "remove it when stopping (what `spark.server: auto` starts servers with)")
 
 
 def run_spark_server(cfg: Config, args: argparse.Namespace) -> int:
@@ -175,9 +181,12 @@ def run_spark_server(cfg: Config, args: argparse.Namespace) -> int:
     from slotlake.spark_apps.server import main_serve
 
     address = args.listen or cfg.spark.server
-    if not address:
-        raise ConfigError("spark-server: no address: pass --listen HOST:PORT or set spark.server in the config")
-    return main_serve(cfg, address)
+    if not address or address == AUTO_SERVER:
+        raise ConfigError("spark-server: no address: pass --listen HOST:PORT or set spark.server to one in the "
+                          "config (with spark.server: auto the sync starts its own server)")
+    if args.idle_minutes is not None and args.idle_minutes <= 0:
+        raise ConfigError("spark-server: --idle-minutes must be positive")
+    return main_serve(cfg, address, idle_minutes=args.idle_minutes, ready_file=args.ready_file)
 
 
 COMMANDS: tuple[Command, ...] = (

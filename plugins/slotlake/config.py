@@ -38,6 +38,9 @@ ENV_VAR = "SLOTLAKE_CONFIG"
 # The Spark server for every config that names none (`spark.server` wins): one setting in the environment of the
 # Airflow workers or a shell points all of them at the deployment's `slotlake spark-server`.
 SPARK_SERVER_ENV = "SLOTLAKE_SPARK_SERVER"
+# `spark.server: auto`: the first run starts a `slotlake spark-server` of its own and later runs reuse it
+# (slotlake.spark.auto_server).
+AUTO_SERVER = "auto"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,40}$")
 _IDENT = re.compile(r'^[A-Za-z_][A-Za-z0-9_$]*$')
 INSERT_ONLY_SUFFIX = "_insert_only"
@@ -73,7 +76,8 @@ class SparkSettings:
     conf: Mapping[str, str] = field(default_factory=dict)
     conn_id: str | None = None  # Airflow Spark connection for SparkSubmitOperator; default: built from master
     spark_submit: str | None = None  # path to spark-submit; default: the one in this Python env
-    server: str | None = None  # host:port of a running `slotlake spark-server`: apps run there, no JVM start
+    server: str | None = None  # host:port of a running `slotlake spark-server`, or AUTO_SERVER: apps run there
+    server_idle_minutes: float = 120.0  # `server: auto`: the server it starts stops after this long without an app
 
 
 NUMERIC_MODES = ("decimal", "string")
@@ -199,7 +203,7 @@ class Config:
 _TOP_KEYS = {"lake", "spark", "sources", "extract", "snapshot", "storage"}
 _STORAGE_KEYS = {"endpoint", "region", "path_style"}
 _SECRET_WORDS = ("key", "secret", "password", "token", "credential")
-_SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit", "server"}
+_SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit", "server", "server_idle_minutes"}
 _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_mb"}
 _SNAPSHOT_KEYS = {"workers", "part_pages"}
 _SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
@@ -484,12 +488,19 @@ def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = No
         server, where, undo = expand_env(str(server).strip(), "spark.server"), "spark.server", "remove"
     else:  # the deployment-wide default, when the config names none
         server, where, undo = os.environ.get(SPARK_SERVER_ENV, "").strip() or None, SPARK_SERVER_ENV, "unset"
-    if server is not None and host_port(server) is None:
-        raise ConfigError(f"{where}: {server!r} is not host:port; set it to the address `slotlake spark-server` "
-                          f"listens on (e.g. 127.0.0.1:7079), or {undo} it to use spark-submit")
+    if server is not None and server.lower() == AUTO_SERVER:
+        server = AUTO_SERVER
+    elif server is not None and host_port(server) is None:
+        raise ConfigError(f"{where}: {server!r} is not host:port or auto; set it to the address `slotlake "
+                          f"spark-server` listens on (e.g. 127.0.0.1:7079), to auto (slotlake starts one and "
+                          f"reuses it), or {undo} it to use spark-submit")
+    idle = spark_raw.get("server_idle_minutes", SparkSettings.server_idle_minutes)
+    if isinstance(idle, bool) or not isinstance(idle, int | float) or not 0 < idle <= 7 * 24 * 60:
+        raise ConfigError(f"spark.server_idle_minutes: {idle!r} is not a number of minutes in (0, 10080]; it is "
+                          "how long a server started by `spark.server: auto` waits for the next app (default 120)")
     spark = SparkSettings(master=master, conf={str(k): str(v) for k, v in conf.items()},
                           conn_id=spark_raw.get("conn_id"), spark_submit=spark_raw.get("spark_submit"),
-                          server=server or None)
+                          server=server or None, server_idle_minutes=float(idle))
     ex_raw = raw.get("extract") or {}
     if not isinstance(ex_raw, Mapping):
         raise ConfigError("extract: must be a mapping")

@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -29,9 +30,9 @@ SOURCE = "shop"
 TABLES = ["public.items", "public.hist"]
 
 
-def _sync(cfg: Path) -> str:
+def _sync(cfg: Path, env: dict[str, str] | None = None) -> str:
     out = subprocess.run([SLOTLAKE, "--config", str(cfg), "sync", SOURCE], capture_output=True, text=True,
-                         timeout=1200, env={**os.environ, "PYTHONPATH": str(ROOT / "plugins")})
+                         timeout=1200, env={**os.environ, "PYTHONPATH": str(ROOT / "plugins"), **(env or {})})
     assert out.returncode == 0, f"sync failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
     return out.stderr
 
@@ -112,3 +113,56 @@ def test_syncs_run_in_the_spark_server_and_fall_back_when_it_is_gone(pg_db, tmp_
     assert (f"no slotlake Spark server at 127.0.0.1:{port}" in log
             and "submitting slotlake-sync-shop" in log), log[-3000:]
     _assert_gold(cfg, pg_db)
+
+
+def test_auto_server_starts_once_is_reused_and_stops_when_idle(pg_db, tmp_path):
+    """`spark.server: auto`: the first sync starts a server in the background, the next sync (a new process) runs
+    in the same one, and with no app for `server_idle_minutes` it stops and removes its state file."""
+    from slotlake.config import load_config
+    from slotlake.spark.auto_server import server_key
+    from slotlake.spark.submit import spark_app
+
+    cfg = tmp_path / "slotlake.yaml"
+    cfg.write_text(json.dumps({"lake": str(tmp_path / "lake"),
+                               "spark": {"master": "local[1]", "server": "auto", "server_idle_minutes": 0.5},
+                               "sources": {SOURCE: {"dsn": pg_db, "tables": TABLES}}}))
+    state = tmp_path / "state"
+    info = state / "spark-servers" / f"{server_key(spark_app(load_config(str(cfg)), SOURCE, 'sync'))}.json"
+    env = {"SLOTLAKE_STATE_DIR": str(state)}
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+        conn.execute("CREATE TABLE hist (a int, b text)")
+        conn.execute("ALTER TABLE hist REPLICA IDENTITY FULL")
+        conn.execute("INSERT INTO items SELECT g, 'item ' || g FROM generate_series(1, 50) g")
+    pid = None
+    try:
+        log = _sync(cfg, env)  # slot, initial copy: starts the server
+        assert "starting a slotlake Spark server" in log and "submitting slotlake-" not in log, log[-3000:]
+        pid = json.loads(info.read_text())["pid"]
+        _assert_gold(cfg, pg_db)
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute("UPDATE items SET name = name || '!' WHERE id % 3 = 0")
+            conn.execute("DELETE FROM items WHERE id = 7")
+            conn.execute("INSERT INTO hist VALUES (2, 'y'), (2, 'y'), (1, 'x')")
+        log = _sync(cfg, env)
+        assert ("starting a slotlake Spark server" not in log and "finished on the Spark server" in log
+                and "submitting slotlake-" not in log), log[-3000:]
+        assert json.loads(info.read_text())["pid"] == pid  # the same server
+        _assert_gold(cfg, pg_db)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(1)
+        assert not _alive(pid), "the auto-started server did not stop after 30 s without an app"
+        assert not info.exists()
+        assert "no app for 30 s; stopping" in (info.parent / info.name.replace(".json", ".log")).read_text()
+    finally:
+        if pid is not None and _alive(pid):
+            os.kill(pid, 9)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

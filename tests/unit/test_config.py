@@ -65,8 +65,21 @@ def test_spark_server_from_the_environment_unless_the_config_names_one(monkeypat
     monkeypatch.setenv("SLOTLAKE_SPARK_SERVER", "")
     assert parse_config(GOOD).spark.server is None
     monkeypatch.setenv("SLOTLAKE_SPARK_SERVER", "7080")
-    with pytest.raises(ConfigError, match=r"^SLOTLAKE_SPARK_SERVER: '7080' is not host:port; .* or unset it"):
+    with pytest.raises(ConfigError, match=r"^SLOTLAKE_SPARK_SERVER: '7080' is not host:port or auto; .* or unset it"):
         parse_config(GOOD)
+
+
+def test_spark_server_auto_and_its_idle_minutes(monkeypatch):
+    monkeypatch.delenv("SLOTLAKE_SPARK_SERVER", raising=False)
+    assert parse_config(GOOD).spark.server_idle_minutes == 120
+    cfg = parse_config(with_change("spark.server", " Auto "))
+    assert cfg.spark.server == "auto" and cfg.spark.server_idle_minutes == 120
+    assert parse_config(with_change("spark.server_idle_minutes", 0.5)).spark.server_idle_minutes == 0.5
+    monkeypatch.setenv("SLOTLAKE_SPARK_SERVER", "auto")
+    assert parse_config(GOOD).spark.server == "auto"
+    for bad in (0, -1, "soon", True, 10081):
+        with pytest.raises(ConfigError, match=r"^spark.server_idle_minutes: .* is not a number of minutes"):
+            parse_config(with_change("spark.server_idle_minutes", bad))
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from slotlake.config import Config
+from slotlake.config import AUTO_SERVER, Config
 from slotlake.errors import ConfigError, SlotlakeError
 from slotlake.spark.code import PACKAGE_DIR, code_zip
 from slotlake.spark.session import local_cores, spark_conf
@@ -46,7 +46,8 @@ class SparkApp:
     env: Mapping[str, str] = field(default_factory=dict)
     spark_submit: str = ""
     stage: str = ""  # decode, merge, sync, ... (spark_apps/<stage>.py)
-    server: str | None = None  # host:port of a `slotlake spark-server` to run the app in (config spark.server)
+    server: str | None = None  # host:port of a `slotlake spark-server` to run the app in, or "auto" (spark.server)
+    server_idle_minutes: float = 120.0  # "auto": how long the server it starts waits for the next app
     # What `conf` was built from (config `spark.conf` and `storage`): `on_master` builds it again for another master.
     user_conf: Mapping[str, str] = field(default_factory=dict)
     storage: StorageSettings | None = None
@@ -104,7 +105,7 @@ def spark_app(cfg: Config, source_name: str, stage: Stage, *, tables: Sequence[s
                     master=master, conf=app_conf(master, cfg.spark.conf, cfg.storage),
                     ship_code=not is_local_master(master), env=env, user_conf=dict(cfg.spark.conf), storage=cfg.storage,
                     spark_submit=cfg.spark.spark_submit or default_spark_submit(), stage=stage,
-                    server=cfg.spark.server)
+                    server=cfg.spark.server, server_idle_minutes=cfg.spark.server_idle_minutes)
 
 
 def spark_submit_command(app: SparkApp, *, py_files: str | None = None) -> list[str]:
@@ -138,11 +139,19 @@ def run_spark_app(app: SparkApp) -> None:
 
     With `spark.server` configured, the app runs in that long-lived Spark driver instead (no JVM start); when the
     server cannot take it (not running, other code), a warning says why and spark-submit runs it as usual.
+    `spark.server: auto` finds the server an earlier run started for the same Spark settings, or starts one
+    (`slotlake.spark.auto_server`).
     """
     if app.server:
         from slotlake.spark.server_client import run_on_server
 
-        if run_on_server(app):
+        served: SparkApp | None = app
+        if app.server == AUTO_SERVER:
+            from slotlake.spark.auto_server import ensure_server
+
+            address = ensure_server(app)
+            served = dataclasses.replace(app, server=address) if address else None
+        if served is not None and run_on_server(served):
             return
     cmd = spark_submit_command(app)
     if not Path(app.spark_submit).exists():

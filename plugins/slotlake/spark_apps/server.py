@@ -63,6 +63,27 @@ class _Server(socketserver.ThreadingTCPServer):
         super().__init__(address, _Handler)
         self.spark, self.digest, self.run_lock = spark, digest, threading.Lock()
         self.spark_died = False
+        self.last_active = time.monotonic()
+
+    def stop_when_idle(self, idle_s: float, on_stop) -> None:
+        """Stop serving once no app has run or been asked for in `idle_s` seconds (`spark.server: auto`);
+        `on_stop` runs first, while no app can start."""
+
+        def watch() -> None:
+            while True:
+                time.sleep(min(30.0, max(0.5, idle_s / 4)))
+                if not self.run_lock.acquire(blocking=False):
+                    continue  # an app is running
+                try:
+                    if time.monotonic() - self.last_active >= idle_s:
+                        log.info("spark server: no app for %.0f s; stopping", idle_s)
+                        on_stop()
+                        threading.Thread(target=self.shutdown, daemon=True).start()
+                        return
+                finally:
+                    self.run_lock.release()
+
+        threading.Thread(target=watch, name="slotlake-idle-watch", daemon=True).start()
 
     def stop_if_spark_died(self) -> bool:
         """A driver whose JVM is gone would fail every later app: stop serving, so clients use spark-submit and a
@@ -93,6 +114,7 @@ class _Handler(socketserver.StreamRequestHandler):
                                         f"{self.server.digest}, the client {request.get('code')}: restart "
                                         "`slotlake spark-server`"})
             return
+        self.server.last_active = time.monotonic()
         stage, argv = str(request.get("stage")), [str(a) for a in request.get("argv") or []]
         if stage not in SERVED_STAGES:
             send_message(self.request,
@@ -104,6 +126,7 @@ class _Handler(socketserver.StreamRequestHandler):
                                      "`slotlake spark-server`"})
                 return
             reply = run_request(self.server.spark, stage, argv, self.request)
+            self.server.last_active = time.monotonic()
             if reply["exit"] != 0:
                 self.server.stop_if_spark_died()
             send_message(self.request, reply)
@@ -142,13 +165,15 @@ def run_request(spark, stage: str, argv: list[str], sock: socket.socket) -> dict
         root.removeHandler(sender)
 
 
-def serve(cfg: Config, address: str, *, ready=None) -> bool:
-    """Start the SparkSession of `cfg.spark` and serve apps on `address` until SIGTERM (returns True) or until its
-    SparkContext dies (False)."""
+def serve(cfg: Config, address: str, *, ready=None, idle_s: float | None = None, on_stop=None) -> bool:
+    """Start the SparkSession of `cfg.spark` and serve apps on `address` until SIGTERM (returns True), until no
+    app came for `idle_s` seconds (True), or until its SparkContext dies (False). `ready(address)` runs once it
+    listens, `on_stop()` when it stops serving."""
     import signal
 
     from slotlake.spark.session import get_spark
-    host, port = parse_address(address)
+    # Port 0: any free port (the address bound is what `ready` gets and the log says).
+    host, port = (address.rpartition(":")[0], 0) if address.endswith(":0") else parse_address(address)
     digest = code_digest()
     spark = get_spark("slotlake-spark-server", cfg.spark.master, cfg.spark.conf, storage=cfg.storage)
     spark.range(1).count()  # the first Spark job pays the scheduler's start, so the first app does not
@@ -158,17 +183,33 @@ def serve(cfg: Config, address: str, *, ready=None) -> bool:
              cfg.spark.master, digest)
     if ready is not None:
         ready(server.server_address)
+    if idle_s is not None:
+        server.stop_when_idle(idle_s, on_stop or (lambda: None))
     try:
         server.serve_forever()
     finally:
+        if on_stop is not None:
+            on_stop()
         server.server_close()
         if not server.spark_died:
             spark.stop()
     return not server.spark_died
 
 
-def main_serve(cfg: Config, address: str) -> int:
+def main_serve(cfg: Config, address: str, *, idle_minutes: float | None = None, ready_file: str | None = None) -> int:
+    """`slotlake spark-server`. `ready_file`: where to say the pid, address and code once listening (removed when
+    it stops; `spark.server: auto` finds the server by it). `idle_minutes`: stop after that long without an app."""
+    from slotlake.spark.auto_server import remove_ready_file, write_ready_file
+
     logging.getLogger("py4j").setLevel(logging.WARNING)
     print(f"starting the slotlake Spark server on {address} (master {cfg.spark.master})", file=sys.stderr,
           flush=True)
-    return 0 if serve(cfg, address) else 1
+    ready = on_stop = None
+    if ready_file:
+        def ready(bound: tuple[str, int]) -> None:
+            write_ready_file(ready_file, bound, code_digest())
+
+        def on_stop() -> None:
+            remove_ready_file(ready_file)
+    idle_s = idle_minutes * 60 if idle_minutes else None
+    return 0 if serve(cfg, address, ready=ready, idle_s=idle_s, on_stop=on_stop) else 1
