@@ -8,7 +8,7 @@
     slotlake [--config FILE] undo SOURCE --xid N | --commit-lsn L [--out FILE]
     slotlake [--config FILE] recover SOURCE --as-of POINT --table T [--table T ...] --to DEST [--into-schema S]
                                                                                               [--replace]
-    slotlake [--config FILE] spark-server [--listen HOST:PORT] [--idle-minutes M]
+    slotlake [--config FILE] spark-server [--listen HOST:PORT] [--idle-minutes M] | --stop
                                               a long-lived Spark driver (config spark.server)
 
 Each command is a `Command` in COMMANDS: a name, a help line, a function adding its arguments, and a function
@@ -174,12 +174,24 @@ def _spark_server_args(p: argparse.ArgumentParser) -> None:
                    "(default: run until SIGTERM)")
     p.add_argument("--ready-file", metavar="FILE", help="write {pid, address, code} to FILE once listening, "
                    "remove it when stopping (what `spark.server: auto` starts servers with)")
+    p.add_argument("--stop", action="store_true", help="stop the server `spark.server: auto` started for this "
+                   "config's Spark settings, and exit")
 
 
 def run_spark_server(cfg: Config, args: argparse.Namespace) -> int:
     from slotlake.errors import ConfigError
     from slotlake.spark_apps.server import main_serve
 
+    if args.stop:
+        from slotlake.spark.auto_server import stop_server
+        from slotlake.spark.submit import spark_app
+
+        if not cfg.sources:
+            raise ConfigError("spark-server --stop: the config has no source")
+        pid = stop_server(spark_app(cfg, next(iter(cfg.sources)), "sync"))
+        print(f"stopped the slotlake Spark server (pid {pid})" if pid else
+              "no slotlake Spark server started by spark.server: auto runs for this config's Spark settings")
+        return 0
     address = args.listen or cfg.spark.server
     if not address or address == AUTO_SERVER:
         raise ConfigError("spark-server: no address: pass --listen HOST:PORT or set spark.server to one in the "

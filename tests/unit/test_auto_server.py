@@ -117,3 +117,26 @@ def test_a_dead_server_in_the_state_file_is_not_used(state, tmp_path):
     info.write_text(json.dumps({"pid": proc.pid, "address": "127.0.0.1:4321", "code": code_digest()}))
     assert ensure_server(app) is None  # tried to start a new one (it fails: no config file)
     assert not info.exists()
+
+
+def test_spark_server_stop_stops_the_auto_server_of_the_config(state, tmp_path, capsys):
+    from slotlake.cli import main
+
+    cfg = tmp_path / "slotlake.yaml"
+    cfg.write_text(json.dumps({"lake": str(tmp_path / "lake"),
+                               "spark": {"master": "local[2]", "server": "auto"},
+                               "sources": {"shop": {"dsn": "postgresql://u@127.0.0.1/shop"}}}))
+    from slotlake.config import load_config
+
+    info = state / f"{server_key(spark_app(load_config(str(cfg)), 'shop', 'sync'))}.json"
+    proc = _standin()
+    try:
+        info.write_text(json.dumps({"pid": proc.pid, "address": "127.0.0.1:4321", "code": code_digest()}))
+        assert main(["--config", str(cfg), "spark-server", "--stop"]) == 0
+        assert proc.wait(timeout=5) is not None and not info.exists()
+        assert f"stopped the slotlake Spark server (pid {proc.pid})" in capsys.readouterr().out
+    finally:
+        proc.kill()
+        proc.wait()
+    assert main(["--config", str(cfg), "spark-server", "--stop"]) == 0
+    assert "no slotlake Spark server started by spark.server: auto runs" in capsys.readouterr().out

@@ -112,6 +112,24 @@ def ensure_server(app) -> str | None:
         return _start(app, info_path, log_path)
 
 
+def stop_server(app) -> int | None:
+    """Stop the server `spark.server: auto` started for `app`'s Spark setup (`slotlake spark-server --stop`);
+    its pid, or None if none runs."""
+    folder = state_dir()
+    if not folder.is_dir():
+        return None
+    key = server_key(app)
+    with open(folder / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        info = _read_info(folder / f"{key}.json")
+        if info is None or not _alive(info["pid"]):
+            (folder / f"{key}.json").unlink(missing_ok=True)
+            return None
+        _stop(info["pid"])
+        (folder / f"{key}.json").unlink(missing_ok=True)
+        return int(info["pid"])
+
+
 def _stop(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGTERM)
