@@ -63,7 +63,12 @@ class _Server(socketserver.ThreadingTCPServer):
         super().__init__(address, _Handler)
         self.spark, self.digest, self.run_lock = spark, digest, threading.Lock()
         self.spark_died = False
+        self.stopping = False  # set (under run_lock) when it stops: a request accepted meanwhile is declined
         self.last_active = time.monotonic()
+
+    def stop(self) -> None:
+        self.stopping = True
+        threading.Thread(target=self.shutdown, daemon=True).start()
 
     def stop_when_idle(self, idle_s: float, on_stop) -> None:
         """Stop serving once no app has run or been asked for in `idle_s` seconds (`spark.server: auto`);
@@ -78,7 +83,7 @@ class _Server(socketserver.ThreadingTCPServer):
                     if time.monotonic() - self.last_active >= idle_s:
                         log.info("spark server: no app for %.0f s; stopping", idle_s)
                         on_stop()
-                        threading.Thread(target=self.shutdown, daemon=True).start()
+                        self.stop()
                         return
                 finally:
                     self.run_lock.release()
@@ -121,6 +126,9 @@ class _Handler(socketserver.StreamRequestHandler):
                          {"exit": 1, "error": f"stage {stage!r} is not served here: run it with spark-submit"})
             return
         with self.server.run_lock:  # one app at a time: they share the driver's cores and cache
+            if self.server.stopping:  # it stopped while this request was on its way: the client uses spark-submit
+                send_message(self.request, {"exit": 2, "error": "this Spark server is stopping"})
+                return
             if self.server.spark_died or self.server.stop_if_spark_died():
                 send_message(self.request, {"exit": 2, "error": "this Spark server's SparkContext is gone: restart "
                                      "`slotlake spark-server`"})
@@ -178,7 +186,7 @@ def serve(cfg: Config, address: str, *, ready=None, idle_s: float | None = None,
     spark = get_spark("slotlake-spark-server", cfg.spark.master, cfg.spark.conf, storage=cfg.storage)
     spark.range(1).count()  # the first Spark job pays the scheduler's start, so the first app does not
     server = _Server((host, port), spark, digest)
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
+    signal.signal(signal.SIGTERM, lambda *_: server.stop())
     log.info("slotlake spark server listening on %s:%d (master %s, code %s)", host, server.server_address[1],
              cfg.spark.master, digest)
     if ready is not None:
@@ -188,11 +196,13 @@ def serve(cfg: Config, address: str, *, ready=None, idle_s: float | None = None,
     try:
         server.serve_forever()
     finally:
+        server.stopping = True
         if on_stop is not None:
             on_stop()
         server.server_close()
-        if not server.spark_died:
-            spark.stop()
+        with server.run_lock:  # an app still running (SIGTERM) finishes first: its commits stay whole
+            if not server.spark_died:
+                spark.stop()
     return not server.spark_died
 
 
