@@ -154,21 +154,6 @@ def fixed_cost(cfg, pg: LocalPostgres, repeat: int) -> dict[str, list[float]]:
     return out
 
 
-def _stop_auto_server(state: Path) -> None:
-    """Stop the server `spark.server: auto` started (its pid is in its state file)."""
-    import signal
-
-    for info in (state / "spark-servers").glob("*.json"):
-        pid = json.loads(info.read_text())["pid"]
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(600):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--changes", type=int, default=1_000_000, help="row changes to generate (default 1,000,000)")
@@ -202,12 +187,16 @@ def main() -> None:
         lake = str(Path(tmp) / "lake")
         if args.event_log:
             Path(args.event_log).mkdir(parents=True, exist_ok=True)
-        if args.auto_server:  # its state (pid, address, log) in this run's folder, stopped at the end
+        if args.auto_server:  # its state (pid, address, log) in this run's folder
             os.environ["SLOTLAKE_STATE_DIR"] = str(Path(tmp) / "state")
-            stack.callback(_stop_auto_server, Path(tmp) / "state")
         cfg = _config(lake, dsn, "auto" if args.auto_server else f"127.0.0.1:{free_port()}" if args.server else None,
                       str(Path(args.event_log).resolve()) if args.event_log else None)
         paths = LakePaths.of(lake, "bench")
+        if args.auto_server:  # stopped at the end, as `slotlake spark-server --stop` does
+            from slotlake.spark.auto_server import stop_server
+            from slotlake.spark.submit import spark_app
+
+            stack.callback(stop_server, spark_app(cfg, "bench", "sync"))
         server_s, server = 0.0, None
         if args.server:  # started once, before the first sync; its start-up is reported apart
             t = time.perf_counter()

@@ -15,6 +15,7 @@ new one. When the server cannot be started, the app runs with spark-submit, afte
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,42 +94,43 @@ def _config_path(app) -> str:
     return args[args.index("--config") + 1]
 
 
-def ensure_server(app) -> str | None:
-    """The address of a running server for `app`'s Spark setup, started now if there is none (or it runs other
-    slotlake code); None if it could not be started (the caller uses spark-submit)."""
+@contextlib.contextmanager
+def _claimed(app) -> Iterator[tuple[Path, dict[str, Any] | None]]:
+    """Under the exclusive lock of `app`'s server: its state file, and what the file says if its pid is alive."""
     folder = state_dir()
     folder.mkdir(parents=True, exist_ok=True)
     key = server_key(app)
-    info_path, log_path = folder / f"{key}.json", folder / f"{key}.log"
+    info_path = folder / f"{key}.json"
     with open(folder / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         info = _read_info(info_path)
-        if info is not None and _alive(info["pid"]):
+        yield info_path, info if info is not None and _alive(info["pid"]) else None
+
+
+def ensure_server(app) -> str | None:
+    """The address of a running server for `app`'s Spark setup, started now if there is none (or it runs other
+    slotlake code); None if it could not be started (the caller uses spark-submit)."""
+    with _claimed(app) as (info_path, info):
+        if info is not None:
             if info.get("code") == code_digest():
                 return str(info["address"])
             log.info("the Spark server pid %d runs other slotlake code (%s): stopping it", info["pid"],
                      info.get("code"))
             _stop(info["pid"])
         info_path.unlink(missing_ok=True)
-        return _start(app, info_path, log_path)
+        return _start(app, info_path, info_path.with_suffix(".log"))
 
 
 def stop_server(app) -> int | None:
     """Stop the server `spark.server: auto` started for `app`'s Spark setup (`slotlake spark-server --stop`);
     its pid, or None if none runs."""
-    folder = state_dir()
-    if not folder.is_dir():
+    if not state_dir().is_dir():
         return None
-    key = server_key(app)
-    with open(folder / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        info = _read_info(folder / f"{key}.json")
-        if info is None or not _alive(info["pid"]):
-            (folder / f"{key}.json").unlink(missing_ok=True)
-            return None
-        _stop(info["pid"])
-        (folder / f"{key}.json").unlink(missing_ok=True)
-        return int(info["pid"])
+    with _claimed(app) as (info_path, info):
+        if info is not None:
+            _stop(info["pid"])
+        info_path.unlink(missing_ok=True)
+        return int(info["pid"]) if info is not None else None
 
 
 def _stop(pid: int) -> None:
