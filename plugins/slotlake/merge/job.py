@@ -154,8 +154,6 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
     neither the copies nor `_runs` are written: those tables are not the lake's gold), `end_lsn` stops earlier
     than silver's watermark.
     """
-    from delta.tables import DeltaTable
-
     src = cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
     if gold_path_for is None:
@@ -172,7 +170,10 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
     if end_lsn is not None:
         end = min(end, Lsn.parse(end_lsn))
     silver = spark.read.format("delta").load(changes_path)
-    names = _table_names(silver, src, end, tables)
+    # Live runs over every table look at silver's newest changes only (since the last complete run), not its
+    # whole history: the scan of every silver file grew with the lake's age (bench/README.md).
+    since = _last_complete_run(paths, end) if silver_path is None and gold_path_for is None else None
+    names = _table_names(spark, silver, src, end, tables, runs_path=paths.runs, since=since)
     ensure_quarantine(spark, paths.quarantine)
     results: dict[tuple[str, str], TableMergeResult] = {}
     errors: list[str] = []
@@ -208,33 +209,66 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
         [(int(end), r.schema_name, r.table_name, r.gold_version, finished, r.started_at, r.changes, r.last_commit_ts)
          for r in results.values()],
         contracts.ddl(RUNS_SCHEMA))
-    ensure_table(spark, paths.runs, RUNS_SCHEMA)
     # A run over every table marks its commit with the run's end: the sync's no-Spark check (slotlake.pending)
     # reads it as "every table is merged up to silver's end". A run over chosen tables does not.
-    if tables is None and end_lsn is None:
-        spark.conf.set(USER_METADATA, stage_metadata(end, RUNS_STAGE))
-    try:
-        # Keyed by (run end, table) so a re-run adds nothing (a re-run after a crash before this commit records
-        # 0 changes for the tables the crashed run had already merged: their changes are in the gold commits).
-        (DeltaTable.forPath(spark, paths.runs).alias("t")
-         .merge(runs.alias("s"), "t.run_end_lsn = s.run_end_lsn AND t.schema_name = s.schema_name "
-                                  "AND t.table_name = s.table_name")
-         .whenNotMatchedInsertAll().execute())
-    finally:
-        spark.conf.unset(USER_METADATA)
+    record_runs(spark, paths.runs, runs, end, complete=tables is None and end_lsn is None)
     log.info("%s", report.summary())
     return report
 
 
-def _table_names(silver: DataFrame, src: SourceConfig, end: Lsn,
-                 tables: Sequence[str] | Sequence[tuple[str, str]] | None) -> list[tuple[str, str]]:
+def record_runs(spark: SparkSession, runs_path: str, runs: DataFrame, end: Lsn, *, complete: bool) -> None:
+    """Adds a run's rows (`RUNS_SCHEMA`, every `run_end_lsn` = `end`) to `_runs`, in one commit marked as the end of
+    a complete run when `complete`. Keyed by (run end, table), so a re-run adds nothing (a re-run after a crash
+    before this commit records 0 changes for the tables the crashed run had already merged: their changes are in
+    the gold commits)."""
+    from delta.tables import DeltaTable
+
+    ensure_table(spark, runs_path, RUNS_SCHEMA)
+    if complete:
+        spark.conf.set(USER_METADATA, stage_metadata(end, RUNS_STAGE))
+    try:
+        # The literal `t.run_end_lsn = end` lets Delta skip every `_runs` file of other runs (one per run: a year
+        # of hourly runs is 8,760 files); the join alone reads them all (bench/aged_lake.py).
+        (DeltaTable.forPath(spark, runs_path).alias("t")
+         .merge(runs.alias("s"), f"t.run_end_lsn = {int(end)} AND t.run_end_lsn = s.run_end_lsn "
+                                  "AND t.schema_name = s.schema_name AND t.table_name = s.table_name")
+         .whenNotMatchedInsertAll().execute())
+    finally:
+        if complete:
+            spark.conf.unset(USER_METADATA)
+
+
+def _last_complete_run(paths: LakePaths, end: Lsn) -> Lsn | None:
+    """The end of the last merge run over every table (the `_runs` commit marked so), read from `_runs`'s Delta log
+    without Spark; None when there is none, it is past `end` (silver was rebuilt), or the log is not readable here."""
+    if not delta_log.readable(paths.runs) or not delta_log.is_delta_table(paths.runs):
+        return None
+    last = delta_log.latest_slotlake_commit(paths.runs, RUNS_STAGE)
+    since = Lsn.parse(last.end_lsn) if last is not None and last.end_lsn else None
+    return since if since is not None and since <= end else None
+
+
+def _table_names(spark: SparkSession, silver: DataFrame, src: SourceConfig, end: Lsn,
+                 tables: Sequence[str] | Sequence[tuple[str, str]] | None, *, runs_path: str,
+                 since: Lsn | None) -> list[tuple[str, str]]:
+    """The tables a run merges: `tables`, else the config's list, else every table of the source with changes in
+    silver up to `end`. With `since` (the end of the last complete run, which merged every table with changes up
+    to it and recorded each in `_runs`), those are the tables `_runs` holds for `since` plus the tables with
+    changes after it: the same set, from the silver files past `since` (Delta skips the older ones by their
+    `commit_lsn` statistics) instead of all of silver."""
     if tables:
         return [TableName.parse(t) if isinstance(t, str) else TableName(t[0], t[1]) for t in tables]
     if src.listed_tables:
         return [TableName.parse(t) for t in src.listed_tables]
-    rows = (silver.where(F.col("commit_lsn") <= int(end)).select("schema_name", "table_name").distinct()
-            .orderBy("schema_name", "table_name").collect())
-    return [TableName(r[0], r[1]) for r in rows if src.syncs(str(TableName(r[0], r[1])))]
+    window = F.col("commit_lsn") <= int(end)
+    if since is not None:
+        window = window & (F.col("commit_lsn") > int(since))
+    found = {TableName(r[0], r[1]) for r in silver.where(window).select("schema_name", "table_name").distinct()
+             .collect()}
+    if since is not None:
+        found |= {TableName(r[0], r[1]) for r in spark.read.format("delta").load(runs_path)
+                  .where(F.col("run_end_lsn") == int(since)).select("schema_name", "table_name").collect()}
+    return sorted(t for t in found if src.syncs(str(t)))
 
 
 # ---- one table ---------------------------------------------------------------------------------------------
