@@ -13,6 +13,9 @@ and a `_runs` table (`contracts.RUNS`, one file per run), then times, best and e
                                  tables with changes since (Delta skips the older files by their statistics)
   _runs MERGE, join only         the `_runs` MERGE condition before: (run end, schema, table) (the baseline)
   _runs MERGE, pruned            `merge.job.record_runs` now: the same plus the literal `run_end_lsn = <end>`
+  replay's _runs reads, per table   a replay's reads of `_runs` before: its table names, then each table's
+                                 recorded ends (1 + tables reads; the baseline)
+  replay's _runs reads, once     `recover.replay_job.recorded_runs` now: every table's recorded ends in one read
 Both table-name forms are checked to give the same tables.
 """
 from __future__ import annotations
@@ -53,6 +56,7 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from slotlake.merge.job import _table_names, record_runs
+    from slotlake.recover.replay_job import recorded_runs
     from slotlake.spark.session import get_spark
 
     spark = get_spark("slotlake-bench-aged-lake", "local[2]", {})
@@ -109,17 +113,30 @@ def main() -> None:
             df, e = run_rows()
             record_runs(spark, runs_path, df, Lsn(e), complete=True)
 
+        def replay_reads_per_table() -> None:
+            df = spark.read.format("delta").load(runs_path)
+            names = df.select("schema_name", "table_name").distinct().collect()
+            for r in names:
+                df.where((F.col("schema_name") == r[0]) & (F.col("table_name") == r[1])) \
+                    .select("run_end_lsn", "gold_version").collect()
+
+        def replay_reads_once() -> None:
+            recorded_runs(spark, runs_path)
+
         results = {}
         for _ in range(2):  # alternated twice: the first of each pair warms the JVM for the second
             results.setdefault("table names, all of silver (baseline)", []).extend(timed(args.repeat, names_all))
             results.setdefault("table names, since last run", []).extend(timed(args.repeat, names_since))
             results.setdefault("_runs MERGE, join only (baseline)", []).extend(timed(args.repeat, merge_join_only))
             results.setdefault("_runs MERGE, pruned", []).extend(timed(args.repeat, merge_pruned))
+            results.setdefault("replay's _runs reads, per table (baseline)", []).extend(
+                timed(args.repeat, replay_reads_per_table))
+            results.setdefault("replay's _runs reads, once", []).extend(timed(args.repeat, replay_reads_once))
         print(f"\n{runs_n:,} earlier runs of {tables} tables: silver {files[0]:,} files, _runs {files[1]:,} files "
               f"(built in {build_s:.1f}s)")
-        print(f"{'query':<40} {'median s':>9}   every round")
+        print(f"{'query':<44} {'median s':>9}   every round")
         for name, xs in results.items():
-            print(f"{name:<40} {statistics.median(xs):>9.2f}   " + ", ".join(f"{x:.2f}" for x in xs))
+            print(f"{name:<44} {statistics.median(xs):>9.2f}   " + ", ".join(f"{x:.2f}" for x in xs))
         load_end = os.getloadavg()
         print("load average (1/5/15 min): start " + "/".join(f"{x:.1f}" for x in load_start)
               + ", end " + "/".join(f"{x:.1f}" for x in load_end) + f" on {os.cpu_count()} CPUs", flush=True)

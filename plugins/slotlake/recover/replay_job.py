@@ -81,11 +81,30 @@ def resolve(spark, changes_path: str, point: Point) -> Lsn:
 
 # ---- bases: the state a rebuild starts from ----------------------------------------------------------------
 
-def recorded_ends(spark, runs_path: str, gold_path: str, schema: str, table: str) -> list[tuple[Lsn, int]]:
-    """(end LSN, gold Delta version) pairs at which the table's state is known: the `_runs` rows of the table
-    and the gold table's own slotlake commits (merges, and the initial-copy load that `_runs` does not list)."""
+def recorded_runs(spark, runs_path: str,
+                  table: tuple[str, str] | None = None) -> dict[tuple[str, str], list[tuple[Lsn, int]]]:
+    """`_runs`'s (end LSN, gold version) pairs per table (of `table` only, when given), in ONE read of `_runs`:
+    every run adds a file to it (a year of hourly runs: 8,760), so a read per table multiplied that."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
+
+    out: dict[tuple[str, str], list[tuple[Lsn, int]]] = {}
+    if not DeltaTable.isDeltaTable(spark, runs_path):
+        return out
+    df = spark.read.format("delta").load(runs_path)
+    if table is not None:
+        df = df.where((F.col("schema_name") == table[0]) & (F.col("table_name") == table[1]))
+    for r in df.select("schema_name", "table_name", "run_end_lsn", "gold_version").collect():
+        out.setdefault((r["schema_name"], r["table_name"]), []).append((Lsn(r["run_end_lsn"]), r["gold_version"]))
+    return out
+
+
+def recorded_ends(spark, runs: dict[tuple[str, str], list[tuple[Lsn, int]]], gold_path: str, schema: str,
+                  table: str) -> list[tuple[Lsn, int]]:
+    """(end LSN, gold Delta version) pairs at which the table's state is known: its `_runs` rows (`runs`, from
+    `recorded_runs`) and the gold table's own slotlake commits (merges, and the initial-copy load that `_runs`
+    does not list)."""
+    from delta.tables import DeltaTable
 
     if not DeltaTable.isDeltaTable(spark, gold_path):
         return []
@@ -96,13 +115,10 @@ def recorded_ends(spark, runs_path: str, gold_path: str, schema: str, table: str
         end = watermark_of(h["userMetadata"])
         if end is not None and h["operation"] != "RESTORE":
             out[(end, h["version"])] = None
-    if DeltaTable.isDeltaTable(spark, runs_path):
-        live = {h["version"] for h in history}
-        for r in (spark.read.format("delta").load(runs_path)
-                  .where((F.col("schema_name") == schema) & (F.col("table_name") == table))
-                  .select("run_end_lsn", "gold_version").collect()):
-            if r["gold_version"] in live:  # a version VACUUM/log cleanup removed cannot be read back
-                out[(Lsn(r["run_end_lsn"]), r["gold_version"])] = None
+    live = {h["version"] for h in history}
+    for end, version in runs.get((schema, table), []):
+        if version in live:  # a version VACUUM/log cleanup removed cannot be read back
+            out[(end, version)] = None
     return sorted(out, key=lambda p: (p[0], p[1]))
 
 
@@ -129,9 +145,8 @@ def _meta(end: Lsn, stage: str, req: ReplayRequest, frm: Lsn, to: Lsn) -> str:
                                               "asked": [format_point(req.from_), format_point(req.to)]}}).json()
 
 
-def _tables(spark, cfg: Config, req: ReplayRequest, scratch_changes: str, runs_path: str) -> list[tuple[str, str]]:
-    from delta.tables import DeltaTable
-
+def _tables(spark, cfg: Config, req: ReplayRequest, scratch_changes: str,
+            runs: dict[tuple[str, str], list[tuple[Lsn, int]]]) -> list[tuple[str, str]]:
     if req.tables:
         return list(req.tables)
     src = cfg.source(req.source)
@@ -139,9 +154,7 @@ def _tables(spark, cfg: Config, req: ReplayRequest, scratch_changes: str, runs_p
         return [TableName.parse(t) for t in src.listed_tables]
     names = {(r[0], r[1]) for r in spark.read.format("delta").load(scratch_changes)
              .select("schema_name", "table_name").distinct().collect()}
-    if DeltaTable.isDeltaTable(spark, runs_path):
-        names |= {(r[0], r[1]) for r in spark.read.format("delta").load(runs_path)
-                  .select("schema_name", "table_name").distinct().collect()}
+    names |= set(runs)
     return sorted(n for n in names if src.syncs(f"{n[0]}.{n[1]}"))
 
 
@@ -189,13 +202,14 @@ def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
     scratch_changes = f"{scratch}/changes"
     every = not req.tables and not cfg.source(source).tables
     try:
-        names = _tables(spark, cfg, req, _empty_changes(spark, scratch_changes), paths.runs)
-        bases = {(s, t): base_at(recorded_ends(spark, paths.runs, paths.gold(s, t), s, t), frm) for s, t in names}
+        runs = recorded_runs(spark, paths.runs)  # every table's recorded ends, in one read of `_runs`
+        names = _tables(spark, cfg, req, _empty_changes(spark, scratch_changes), runs)
+        bases = {(s, t): base_at(recorded_ends(spark, runs, paths.gold(s, t), s, t), frm) for s, t in names}
         # Re-decode from the earliest base (from the start of bronze if a table has none).
         after = min((b[0] for b in bases.values() if b), default=None) if all(bases.values()) else None
         decoded = decode_range(spark, cfg, source, after, to, scratch_changes)
         if every:
-            extra = [n for n in _tables(spark, cfg, req, scratch_changes, paths.runs) if n not in bases]
+            extra = [n for n in _tables(spark, cfg, req, scratch_changes, runs) if n not in bases]
             if extra:  # tables no run recorded yet: built from the first archived change
                 bases.update({n: None for n in extra})
                 if after is not None:

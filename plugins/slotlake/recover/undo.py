@@ -398,14 +398,15 @@ def _table_undo(spark, cfg: Config, ref: TransactionRef, touched: TableTouched, 
 
     from slotlake.decode.job import SILVER_COLUMNS
     from slotlake.merge.job import run_merge
-    from slotlake.recover.replay_job import _build, base_at, recorded_ends
+    from slotlake.recover.replay_job import _build, base_at, recorded_ends, recorded_runs
 
     source = ref.source
     paths = LakePaths.of(cfg.lake, source)
     s, t = touched.table
     target = table_dir(f"{scratch}/state", s, t)
     just_before = Lsn(int(ref.commit_lsn) - 1)
-    base = base_at(recorded_ends(spark, paths.runs, paths.gold(s, t), s, t), just_before)
+    base = base_at(recorded_ends(spark, recorded_runs(spark, paths.runs, (s, t)), paths.gold(s, t), s, t),
+                   just_before)
     # The state just before: gold at its last recorded end <= L-1, plus silver's commits up to L-1.
     _build(spark, cfg, source, s, t, base, paths.gold(s, t), target, paths.changes, just_before)
     before_version = (DeltaTable.forPath(spark, target).history(1).collect()[0]["version"]
