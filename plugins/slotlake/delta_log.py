@@ -22,6 +22,7 @@ from typing import Any
 from slotlake import storage
 from slotlake.contracts import CommitMeta
 from slotlake.lake import LakePaths, name_of_segment
+from slotlake.lsn import Lsn
 from slotlake.names import TableName
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,12 @@ def latest_slotlake_commit(table_path: str, stage: str | None = None) -> DeltaCo
         if c.meta is not None and (stage is None or c.stage == stage):
             return c
     return None
+
+
+def stage_end(table_path: str, stage: str) -> Lsn | None:
+    """The end LSN the newest commit of `stage` records (a stage's watermark); None without one."""
+    last = latest_slotlake_commit(table_path, stage)
+    return Lsn.parse(last.end_lsn) if last is not None and last.end_lsn else None
 
 
 def gold_tables(source_root: str) -> list[TableName]:

@@ -107,10 +107,6 @@ def read_watermarks(cfg: Config, source_name: str) -> LakeWatermarks | None:
     if not delta_log.readable(paths.root):
         return None
 
-    def end(path: str, stage: str) -> Lsn | None:
-        last = delta_log.latest_slotlake_commit(path, stage)
-        return Lsn.parse(last.end_lsn) if last and last.end_lsn else None
-
     unloaded = []
     for copy in pending_loads(paths.root, load_candidates(paths.root, src)):
         props = delta_log.table_properties(paths.gold(*TableName.parse(copy.table)))
@@ -119,11 +115,11 @@ def read_watermarks(cfg: Config, source_name: str) -> LakeWatermarks | None:
             unloaded.append(copy.table)
     return LakeWatermarks(
         bronze_end=bronze.max_archived_end(paths.root),
-        silver_end=end(paths.changes, "decode"),
+        silver_end=delta_log.stage_end(paths.changes, "decode"),
         silver_exists=delta_log.is_delta_table(paths.changes),
-        catalog_end=end(paths.catalog, "catalog"),
+        catalog_end=delta_log.stage_end(paths.catalog, "catalog"),
         bootstrap_lsns=tuple(b.lsn for b in list_bootstrap(paths.root)),
-        merged_end=end(paths.runs, RUNS_STAGE),
+        merged_end=delta_log.stage_end(paths.runs, RUNS_STAGE),
         unloaded_copies=tuple(unloaded))
 
 

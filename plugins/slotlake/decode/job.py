@@ -95,9 +95,9 @@ def decode_watermark(spark, changes_path: str, source: str) -> Lsn | None:
 
     if delta_log.readable(changes_path) and delta_log.is_delta_table(changes_path):
         # A local lake: the JSON commits say it without Spark jobs (the same commits history() reads).
-        last = delta_log.latest_slotlake_commit(changes_path, "decode")
-        if last is not None and last.end_lsn:
-            return Lsn.parse(last.end_lsn)
+        end = delta_log.stage_end(changes_path, STAGE_DECODE)
+        if end is not None:
+            return end
     if not DeltaTable.isDeltaTable(spark, changes_path):
         return None
     # Only decode appends this table, but OPTIMIZE/VACUUM commits may sit on top: look back a little.

@@ -243,8 +243,7 @@ def _last_complete_run(paths: LakePaths, end: Lsn) -> Lsn | None:
     without Spark; None when there is none, it is past `end` (silver was rebuilt), or the log is not readable here."""
     if not delta_log.readable(paths.runs) or not delta_log.is_delta_table(paths.runs):
         return None
-    last = delta_log.latest_slotlake_commit(paths.runs, RUNS_STAGE)
-    since = Lsn.parse(last.end_lsn) if last is not None and last.end_lsn else None
+    since = delta_log.stage_end(paths.runs, RUNS_STAGE)
     return since if since is not None and since <= end else None
 
 

@@ -27,6 +27,9 @@ from slotlake.recover.replay import Point, ReplayRequest, format_point
 
 log = logging.getLogger(__name__)
 
+RecordedRuns = dict[tuple[str, str], list[tuple[Lsn, int]]]
+"""`_runs`'s (end LSN, gold version) pairs per (schema, table): `recorded_runs`."""
+
 
 class ReplayError(SlotlakeError):
     """A replay cannot run as asked (nothing archived in range, unknown table, ...)."""
@@ -82,13 +85,13 @@ def resolve(spark, changes_path: str, point: Point) -> Lsn:
 # ---- bases: the state a rebuild starts from ----------------------------------------------------------------
 
 def recorded_runs(spark, runs_path: str,
-                  table: tuple[str, str] | None = None) -> dict[tuple[str, str], list[tuple[Lsn, int]]]:
+                  table: tuple[str, str] | None = None) -> RecordedRuns:
     """`_runs`'s (end LSN, gold version) pairs per table (of `table` only, when given), in ONE read of `_runs`:
     every run adds a file to it (a year of hourly runs: 8,760), so a read per table multiplied that."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    out: dict[tuple[str, str], list[tuple[Lsn, int]]] = {}
+    out: RecordedRuns = {}
     if not DeltaTable.isDeltaTable(spark, runs_path):
         return out
     df = spark.read.format("delta").load(runs_path)
@@ -99,7 +102,7 @@ def recorded_runs(spark, runs_path: str,
     return out
 
 
-def recorded_ends(spark, runs: dict[tuple[str, str], list[tuple[Lsn, int]]], gold_path: str, schema: str,
+def recorded_ends(spark, runs: RecordedRuns, gold_path: str, schema: str,
                   table: str) -> list[tuple[Lsn, int]]:
     """(end LSN, gold Delta version) pairs at which the table's state is known: its `_runs` rows (`runs`, from
     `recorded_runs`) and the gold table's own slotlake commits (merges, and the initial-copy load that `_runs`
@@ -146,7 +149,7 @@ def _meta(end: Lsn, stage: str, req: ReplayRequest, frm: Lsn, to: Lsn) -> str:
 
 
 def _tables(spark, cfg: Config, req: ReplayRequest, scratch_changes: str,
-            runs: dict[tuple[str, str], list[tuple[Lsn, int]]]) -> list[tuple[str, str]]:
+            runs: RecordedRuns) -> list[tuple[str, str]]:
     if req.tables:
         return list(req.tables)
     src = cfg.source(req.source)
