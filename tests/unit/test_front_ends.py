@@ -220,3 +220,7 @@ def test_partitions_follow_local_cores_and_the_user_overrides(tmp_path, monkeypa
     cluster = spark_conf("spark://m:7077")
     assert "spark.sql.shuffle.partitions" not in cluster and "spark.databricks.delta.snapshotPartitions" not in cluster
     assert spark_conf("local[2]", {"spark.sql.shuffle.partitions": "64"})["spark.sql.shuffle.partitions"] == "64"
+    # a long-lived driver keeps many syncs' compiled query classes (Spark's default of 100 is less than one sync's)
+    assert local["spark.sql.codegen.cache.maxEntries"] == cluster["spark.sql.codegen.cache.maxEntries"] == "10000"
+    assert spark_conf("local[2]", {"spark.sql.codegen.cache.maxEntries": "500"})[
+        "spark.sql.codegen.cache.maxEntries"] == "500"
