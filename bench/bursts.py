@@ -1,0 +1,165 @@
+"""Benchmark: repeated pgbench bursts through one long-lived Spark server, as hourly syncs of a busy database run.
+
+    .venv/bin/python bench/bursts.py                          # pgbench -i -s 5; 6 bursts of ~310,000 row changes
+    .venv/bin/python bench/bursts.py --rounds 4 --changes 100000
+    .venv/bin/python bench/bursts.py --conf spark.sql.codegen.cache.maxEntries=100    # A/B of a Spark setting
+
+Starts a throw-away LocalPostgres, `pgbench -i -s 5` (pgbench_history REPLICA IDENTITY FULL: it has no key) and a
+`slotlake spark-server` (the config's `spark.server`), a first sync (slot + initial copy: timed, not counted), then
+`--rounds` times: a tpcb-like burst (`pgbench -c 4 -j 2`, 4 row changes per transaction), the raw pull of the slot
+(the baseline: COPY of `pg_logical_slot_peek_binary_changes` read into nothing), then the sync's stages timed apart
+through the functions the CLI and the DAG run (preflight + extract in this process; decode and merge in the server).
+For decode and merge it also prints the server JVM's CPU seconds by thread kind, read from /proc: JIT compilers
+(C1, C2), task threads, GC, the rest (driver, py4j): where a warm sync's CPU goes besides the work itself.
+
+The issue's own check is one burst through `slotlake sync` (bench/e2e.py --changes 310000 --scale 5); this one
+shows what a server that has already run syncs does with the next ones: the first round still warms the JVM.
+At the end gold is compared with PostgreSQL (bench/e2e.py's comparison: small tables row by row, the big ones by
+count and column sums). Linux only (/proc).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "plugins"))
+sys.path.append(str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import psycopg  # noqa: E402
+from e2e import CHANGES_PER_TXN, TABLES, compare, decoded_rows, pgbench  # noqa: E402
+from extract import baseline  # noqa: E402
+
+from slotlake import delta_log  # noqa: E402
+from slotlake.config import load_config  # noqa: E402
+from slotlake.lake import LakePaths  # noqa: E402
+from slotlake_dev.localpg import LocalPostgres  # noqa: E402
+from sparkserver import free_port, spark_server  # noqa: E402
+
+KINDS = ("JIT C2", "JIT C1", "tasks", "GC", "other")
+
+
+def server_jvm() -> int:
+    """The pid of the Spark server's JVM (spark-submit's SparkSubmit process)."""
+    out = subprocess.run(["pgrep", "-f", "org.apache.spark.deploy.SparkSubmit"], capture_output=True,
+                         text=True).stdout.split()
+    if len(out) != 1:
+        raise SystemExit(f"expected one Spark JVM on this machine, found {len(out)}: run the bench alone")
+    return int(out[0])
+
+
+def cpu_by_kind(pid: int) -> collections.Counter:
+    """CPU seconds (user + system) of the JVM's threads so far, by kind of thread."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: collections.Counter = collections.Counter()
+    for task in glob.glob(f"/proc/{pid}/task/*"):
+        try:
+            name = Path(task, "comm").read_text().strip()
+            fields = Path(task, "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        kind = ("JIT C2" if name.startswith("C2 Compiler") else "JIT C1" if name.startswith("C1 Compiler")
+                else "tasks" if name.startswith("Executor task") else "GC" if "GC" in name or name.startswith("G1")
+                else "other")
+        out[kind] += (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def timed(fn, pid: int) -> tuple[float, dict[str, float]]:
+    before = cpu_by_kind(pid)
+    t = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - t
+    after = cpu_by_kind(pid)
+    return seconds, {k: after[k] - before[k] for k in KINDS}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=6, help="bursts, each followed by one sync (default 6)")
+    ap.add_argument("--changes", type=int, default=310_000, help="row changes per burst (default 310,000)")
+    ap.add_argument("--scale", type=int, default=5, help="pgbench -s (default 5: 500,000 accounts)")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting for the server (spark.conf), e.g. to compare against a default")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    load_start = os.getloadavg()
+    txns = max(1, args.changes // CHANGES_PER_TXN // 4)
+    with tempfile.TemporaryDirectory(prefix="slotlake-bench-bursts-") as tmp, LocalPostgres() as pg:
+        pg.psql("CREATE DATABASE bench")
+        dsn = pg.dsn("bench")
+        pgbench(pg, "-i", "-q", "-s", str(args.scale))
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
+        conf = dict(kv.split("=", 1) for kv in args.conf)
+        path = Path(tmp) / "slotlake.yaml"
+        path.write_text(json.dumps({  # JSON is YAML
+            "lake": str(Path(tmp) / "lake"),
+            "spark": {"master": "local[2]", "server": f"127.0.0.1:{free_port()}", "conf": conf},
+            "sources": {"bench": {"dsn": dsn, "tables": TABLES}}}))
+        cfg = load_config(str(path))
+        paths = LakePaths.of(cfg.lake, "bench")
+        from slotlake.pipeline import sync, task_decode, task_extract, task_merge, task_preflight
+
+        rows = []
+        with spark_server(path, Path(tmp) / "spark-server.log"):
+            pid = server_jvm()
+            t = time.perf_counter()
+            sync(cfg, "bench")  # slot + initial copy
+            first_s = time.perf_counter() - t
+            for r in range(args.rounds):
+                pgbench(pg, "-n", "-c", "4", "-j", "2", "-t", str(txns))
+                version = next(delta_log.commits(paths.changes)).version if delta_log.has_commits(paths.changes) \
+                    else -1
+                raw = baseline(dsn)["seconds"]
+                t = time.perf_counter()
+                task_preflight(cfg, "bench")
+                task_extract(cfg, "bench")
+                extract_s = time.perf_counter() - t
+                decode_s, decode_cpu = timed(lambda: task_decode(cfg, "bench"), pid)
+                merge_s, merge_cpu = timed(lambda: task_merge(cfg, "bench"), pid)
+                changes = decoded_rows(paths, version)
+                rows.append((r, changes, raw, extract_s, decode_s, merge_s, decode_cpu, merge_cpu))
+                total = extract_s + decode_s + merge_s
+                print(f"round {r}: {changes:,} changes; raw pull {raw:.1f} s; extract {extract_s:.1f} s, decode "
+                      f"{decode_s:.1f} s, merge {merge_s:.1f} s, total {total:.1f} s ({changes / total:,.0f} "
+                      f"changes/s)", flush=True)
+                for stage, cpu in (("decode", decode_cpu), ("merge", merge_cpu)):
+                    print(f"  {stage} JVM CPU s: " + ", ".join(f"{k} {cpu[k]:.1f}" for k in KINDS), flush=True)
+            from slotlake.spark.session import get_spark
+
+            spark = get_spark("bench-compare", "local[1]")
+            checked = compare(spark, paths, dsn)
+            spark.stop()
+    load_end = os.getloadavg()
+    print(f"\nfirst sync (slot + initial copy): {first_s:.1f} s; Spark settings: {conf or 'the defaults'}")
+    later = rows[1:] or rows  # the first round still warms the server's JVM
+    med = {name: statistics.median(row[i] for row in later)
+           for i, name in ((2, "raw pull"), (3, "extract"), (4, "decode"), (5, "merge"))}
+    changes = statistics.median(row[1] for row in later)
+    print(f"median of rounds {later[0][0]}..{later[-1][0]} ({changes:,.0f} changes each):")
+    for name, s in med.items():
+        print(f"  {name:<10} {s:6.1f} s  {changes / s:>10,.0f} changes/s")
+    total = med["extract"] + med["decode"] + med["merge"]
+    print(f"  {'total':<10} {total:6.1f} s  {changes / total:>10,.0f} changes/s (extract + decode + merge)")
+    for i, stage in ((6, "decode"), (7, "merge")):
+        print(f"  {stage} JVM CPU s (median): "
+              + ", ".join(f"{k} {statistics.median(row[i][k] for row in later):.1f}" for k in KINDS))
+    print("gold == PostgreSQL: " + "; ".join(checked))
+    print(f"load average {load_start[0]:.1f} at start, {load_end[0]:.1f} at the end; {os.cpu_count()} CPUs")
+
+
+if __name__ == "__main__":
+    main()
