@@ -281,17 +281,12 @@ def typed_layouts(after: DataFrame, plan: TablePlan, evo: Evolution, layouts: li
     """`typed_changes` over gold's columns: each change typed with its own layout, cast to gold's type, and a
     column its layout lacks filled (the added column's existing-row value, else NULL). `new`/`old` are rewritten
     in gold column order so the quarantine reads them by gold position. A layout's column is typed with the
-    numeric.unconstrained of its name in that layout, as `plan_evolution` typed it. `after` holds row changes of
-    the batch `layouts` was found in (`layouts_of`), none before the first layout's start."""
+    numeric.unconstrained of its name in that layout, as `plan_evolution` typed it."""
     ncols = len(plan.shape.columns)
     need_old = set(range(ncols)) if plan.strategy is KeyStrategy.FULL_ROW else set(plan.key_positions)
     parts = []
     for k, ((lsn, seq), shape) in enumerate(layouts):
-        # The first layout starts at the batch's first row change (`layouts_of`), so it needs no lower bound: with
-        # one layout (the usual batch) no LSN goes into the code Spark generates for the typed batch, which then
-        # stays the same from one sync to the next (see merge.job._silver_batch).
-        seg = after if k == 0 else after.where(
-            (F.col("commit_lsn") > lsn) | ((F.col("commit_lsn") == lsn) & (F.col("seq") >= seq)))
+        seg = after.where((F.col("commit_lsn") > lsn) | ((F.col("commit_lsn") == lsn) & (F.col("seq") >= seq)))
         if k + 1 < len(layouts):
             (nl, ns), _ = layouts[k + 1]
             seg = seg.where((F.col("commit_lsn") < nl) | ((F.col("commit_lsn") == nl) & (F.col("seq") < ns)))

@@ -272,44 +272,6 @@ def _table_names(spark: SparkSession, silver: DataFrame, src: SourceConfig, end:
 
 # ---- one table ---------------------------------------------------------------------------------------------
 
-_GLOB_CHARS = frozenset("{}[]*?\\")
-# Spark lists more paths than this with a Spark job of its own (spark.sql.sources.parallelPartitionDiscovery
-# .threshold), and an object store answers one request per file: a window over that many silver files (a long
-# replay, a merge far behind the decode) reads them through Delta, which knows them from its log.
-_MAX_LISTED_FILES = 32
-
-
-def _silver_batch(session: SparkSession, changes_path: str, schema: str, table: str, end: Lsn,
-                  mark: Lsn | None) -> DataFrame:
-    """The table's silver changes in the run's window: `commit_lsn <= end` and, past the table's watermark `mark`,
-    `commit_end_lsn > mark` (the watermark is an end position, a commit's end LSN or a copy's consistent point, and
-    the next commit's record may start exactly there: select by end LSN).
-
-    Delta picks the files by their statistics once, here; the rows are then read from those Parquet files and
-    held to the window by a join with a one-row table of its bounds. Written as literals, the bounds go into the
-    code Spark generates for every query over the batch, so each sync compiled (and the JVM's JIT warmed) new
-    classes of ~30-90 KB for its passes over each table (bench/README.md, "codegen"); through the join the code
-    is the same from one sync to the next. A window of many files, or a silver path Spark would read as a glob,
-    keeps the plain filter.
-    """
-    window = (F.col("schema_name") == schema) & (F.col("table_name") == table) & (F.col("commit_lsn") <= int(end))
-    if mark is not None:
-        window = window & (F.col("commit_end_lsn") > int(mark))
-    silver = session.read.format("delta").load(changes_path)
-    files = silver.where(window).inputFiles()
-    if len(files) > _MAX_LISTED_FILES or any(_GLOB_CHARS.intersection(f) for f in files):
-        return silver.where(window)
-    if not files:
-        return session.createDataFrame([], silver.schema)
-    rows = (session.read.schema(silver.schema).parquet(*files)
-            .where((F.col("schema_name") == schema) & (F.col("table_name") == table)))  # strings: not inlined
-    bounds = session.createDataFrame([(int(end), int(mark) if mark is not None else -1)],
-                                     "__end long, __mark long")
-    return (rows.join(F.broadcast(bounds), (F.col("commit_lsn") <= F.col("__end"))
-                      & (F.col("commit_end_lsn") > F.col("__mark")))
-            .select(*silver.columns))
-
-
 @dataclass(frozen=True)
 class _Truncate:
     commit_lsn: int
@@ -327,7 +289,13 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     exists, mark = state.version is not None, state.watermark
     if mark is not None and mark >= end:
         return TableMergeResult(schema, table, 0, state.version, up_to_date=True)
-    batch = _silver_batch(session, changes_path, schema, table, end, mark)
+    batch = (session.read.format("delta").load(changes_path)
+             .where((F.col("schema_name") == schema) & (F.col("table_name") == table)
+                    & (F.col("commit_lsn") <= int(end))))
+    if mark is not None:
+        # The watermark is an end position (a commit's end LSN, a copy's consistent point), and the next commit's
+        # record may start exactly there (commit_lsn == the previous commit's end_lsn): select by end LSN.
+        batch = batch.where(F.col("commit_end_lsn") > int(mark))
     # A table copied under its own snapshot (added to a running source, or a resumed copy): skip the changes of
     # transactions the copy already holds (docs/internals.md "Snapshot").
     copied = _copy_snapshot(session, gold) if exists else None
