@@ -9,8 +9,8 @@ Starts a throw-away LocalPostgres, `pgbench -i -s 5` (pgbench_history REPLICA ID
 `--rounds` times: a tpcb-like burst (`pgbench -c 4 -j 2`, 4 row changes per transaction), the raw pull of the slot
 (the baseline: COPY of `pg_logical_slot_peek_binary_changes` read into nothing), then the sync's stages timed apart
 through the functions the CLI and the DAG run (preflight + extract in this process; decode and merge in the server).
-For decode and merge it also prints the server JVM's CPU seconds by thread kind, read from /proc: JIT compilers
-(C1, C2), task threads, GC, the rest (driver, py4j): where a warm sync's CPU goes besides the work itself.
+For decode and merge it also prints the server JVM's CPU seconds, read from /proc: its JIT compiler threads (C2,
+C1), GC threads and the rest (task threads, driver, py4j): where a warm sync's CPU goes besides the work itself.
 
 The issue's own check is one burst through `slotlake sync` (bench/e2e.py --changes 310000 --scale 5); this one
 shows what a server that has already run syncs does with the next ones: the first round still warms the JVM.
@@ -48,32 +48,49 @@ from slotlake.lake import LakePaths  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres  # noqa: E402
 from sparkserver import free_port, spark_server  # noqa: E402
 
-KINDS = ("JIT C2", "JIT C1", "tasks", "GC", "other")
+KINDS = ("JIT C2", "JIT C1", "GC", "the rest")
 
 
-def server_jvm() -> int:
-    """The pid of the Spark server's JVM (spark-submit's SparkSubmit process)."""
-    out = subprocess.run(["pgrep", "-f", "org.apache.spark.deploy.SparkSubmit"], capture_output=True,
-                         text=True).stdout.split()
-    if len(out) != 1:
-        raise SystemExit(f"expected one Spark JVM on this machine, found {len(out)}: run the bench alone")
-    return int(out[0])
+def server_jvm(server_pid: int) -> int:
+    """The pid of the Spark server's JVM: the descendant of the `slotlake spark-server` process running SparkSubmit
+    (other Spark JVMs on the machine are not counted)."""
+    todo, seen = [server_pid], []
+    while todo:
+        pid = todo.pop()
+        seen.append(pid)
+        todo += [int(c) for c in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                                                text=True).stdout.split()]
+    for pid in seen:
+        try:
+            if b"org.apache.spark.deploy.SparkSubmit" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    raise SystemExit(f"no Spark JVM under the spark-server process {server_pid}")
 
 
 def cpu_by_kind(pid: int) -> collections.Counter:
-    """CPU seconds (user + system) of the JVM's threads so far, by kind of thread."""
+    """CPU seconds (user + system) of the JVM so far: its JIT compiler and GC threads (they live as long as the
+    JVM), and the rest of the process (task threads, driver, py4j). The rest is the process's total minus those:
+    Spark's task threads end when idle, and a thread that ended is no longer in /proc/<pid>/task."""
     tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu(stat: str) -> float:
+        fields = Path(stat).read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
     out: collections.Counter = collections.Counter()
     for task in glob.glob(f"/proc/{pid}/task/*"):
         try:
             name = Path(task, "comm").read_text().strip()
-            fields = Path(task, "stat").read_text().rsplit(")", 1)[1].split()
+            seconds = cpu(f"{task}/stat")
         except OSError:  # the thread ended
             continue
         kind = ("JIT C2" if name.startswith("C2 Compiler") else "JIT C1" if name.startswith("C1 Compiler")
-                else "tasks" if name.startswith("Executor task") else "GC" if "GC" in name or name.startswith("G1")
-                else "other")
-        out[kind] += (int(fields[11]) + int(fields[12])) / tick
+                else "GC" if "GC" in name or name.startswith("G1") else None)
+        if kind:
+            out[kind] += seconds
+    out["the rest"] = cpu(f"/proc/{pid}/stat") - sum(out.values())
     return out
 
 
@@ -114,8 +131,8 @@ def main() -> None:
         from slotlake.pipeline import sync, task_decode, task_extract, task_merge, task_preflight
 
         rows = []
-        with spark_server(path, Path(tmp) / "spark-server.log"):
-            pid = server_jvm()
+        with spark_server(path, Path(tmp) / "spark-server.log") as server:
+            pid = server_jvm(server.pid)
             t = time.perf_counter()
             sync(cfg, "bench")  # slot + initial copy
             first_s = time.perf_counter() - t
