@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
-import json
 import logging
 import os
 import statistics
@@ -39,11 +38,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import psycopg  # noqa: E402
-from e2e import CHANGES_PER_TXN, TABLES, compare, decoded_rows, pgbench  # noqa: E402
+from e2e import CHANGES_PER_TXN, _config, compare, decoded_rows, pgbench  # noqa: E402
 from extract import baseline  # noqa: E402
 
 from slotlake import delta_log  # noqa: E402
-from slotlake.config import load_config  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres  # noqa: E402
 from sparkserver import free_port, spark_server  # noqa: E402
@@ -121,17 +119,12 @@ def main() -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
         conf = dict(kv.split("=", 1) for kv in args.conf)
-        path = Path(tmp) / "slotlake.yaml"
-        path.write_text(json.dumps({  # JSON is YAML
-            "lake": str(Path(tmp) / "lake"),
-            "spark": {"master": "local[2]", "server": f"127.0.0.1:{free_port()}", "conf": conf},
-            "sources": {"bench": {"dsn": dsn, "tables": TABLES}}}))
-        cfg = load_config(str(path))
+        cfg = _config(str(Path(tmp) / "lake"), dsn, f"127.0.0.1:{free_port()}", conf=conf)
         paths = LakePaths.of(cfg.lake, "bench")
         from slotlake.pipeline import sync, task_decode, task_extract, task_merge, task_preflight
 
         rows = []
-        with spark_server(path, Path(tmp) / "spark-server.log") as server:
+        with spark_server(Path(cfg.path), Path(tmp) / "spark-server.log") as server:
             pid = server_jvm(server.pid)
             t = time.perf_counter()
             sync(cfg, "bench")  # slot + initial copy

@@ -57,13 +57,14 @@ TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_
 CHANGES_PER_TXN = 4  # tpcb-like: UPDATE accounts, tellers, branches; INSERT history
 
 
-def _config(lake: str, dsn: str, server: str | None = None, event_log: str | None = None):
-    """The Spark apps read the config from a file, so the bench writes one next to the lake."""
+def _config(lake: str, dsn: str, server: str | None = None, event_log: str | None = None,
+            conf: dict[str, str] | None = None):
+    """The Spark apps read the config from a file, so the bench writes one next to the lake (`conf`: spark.conf)."""
     path = Path(lake).parent / "slotlake.yaml"
     if not path.exists():
-        spark = {"master": "local[2]", **({"server": server} if server else {})}
+        spark = {"master": "local[2]", **({"server": server} if server else {}), "conf": dict(conf or {})}
         if event_log:  # Spark's event log of every app: where each second goes (bench/README.md "Profile")
-            spark["conf"] = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log}
+            spark["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log})
         path.write_text(json.dumps({"lake": lake, "spark": spark,
                                     "sources": {"bench": {"dsn": dsn, "tables": TABLES}}}))  # JSON is YAML
     return load_config(str(path))

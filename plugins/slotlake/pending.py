@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from slotlake import delta_log
 from slotlake.config import Config
-from slotlake.contracts import STAGE_RUNS
+from slotlake.contracts import STAGE_CATALOG, STAGE_DECODE, STAGE_RUNS
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 
@@ -115,9 +115,9 @@ def read_watermarks(cfg: Config, source_name: str) -> LakeWatermarks | None:
             unloaded.append(copy.table)
     return LakeWatermarks(
         bronze_end=bronze.max_archived_end(paths.root),
-        silver_end=delta_log.stage_end(paths.changes, "decode"),
+        silver_end=delta_log.stage_end(paths.changes, STAGE_DECODE),
         silver_exists=delta_log.is_delta_table(paths.changes),
-        catalog_end=delta_log.stage_end(paths.catalog, "catalog"),
+        catalog_end=delta_log.stage_end(paths.catalog, STAGE_CATALOG),
         bootstrap_lsns=tuple(b.lsn for b in list_bootstrap(paths.root)),
         merged_end=delta_log.stage_end(paths.runs, RUNS_STAGE),
         unloaded_copies=tuple(unloaded))

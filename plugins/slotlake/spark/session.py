@@ -32,8 +32,8 @@ BASE_CONF: dict[str, str] = {
     "spark.driver.memory": "2g",
     # Spark keeps 100 compiled query classes by default; one sync's decode and merge use ~400 (4 tables), so in a
     # long-lived driver (`spark.server`) every sync compiled and JIT-warmed them all again. Room for many syncs'
-    # worth: a warm 310k-change sync's decode 5.5 -> 4.1 s, merge 15.5 -> 12.2 s (bench/README.md, "codegen").
-    # Bounded: at most this many classes stay loaded (a few hundred MB of metaspace at worst).
+    # worth: a warm 310k-change sync's decode 5.5 -> 4.5 s, merge 15.5 -> 13.0 s (bench/README.md,
+    # "bench/bursts.py"). Bounded: at most this many classes stay loaded (~20 KB of metaspace each).
     "spark.sql.codegen.cache.maxEntries": "10000",
 }
 
