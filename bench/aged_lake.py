@@ -9,8 +9,11 @@ Builds, in a temp dir and one local[2] SparkSession, a silver-shaped table (`com
 and a `_runs` table (`contracts.RUNS`, one file per run), then times, best and every one of `--repeat` rounds:
   table names, all of silver     the query a run over every table of a source without a table list used to find
                                  its tables: every silver row up to the run end (the baseline)
-  table names, since last run    `merge.job._table_names` now: `_runs`'s tables of the last complete run plus the
-                                 tables with changes since (Delta skips the older files by their statistics)
+  table names, since last run    `merge.job._table_names` without silver's statistics: `_runs`'s tables of the
+                                 last complete run plus the tables with changes since (Delta skips the older files
+                                 by their statistics)
+  table names, silver's file statistics   `merge.job._table_names` now: the same, the tables with changes since
+                                 read off silver's file statistics with delta-rs (`silver_file_stats`, timed too)
   _runs MERGE, join only         the `_runs` MERGE condition before: (run end, schema, table) (the baseline)
   _runs MERGE, pruned            `merge.job.record_runs` now: the same plus the literal `run_end_lsn = <end>`
   replay's _runs reads, per table   a replay's reads of `_runs` before: its table names, then each table's
@@ -56,6 +59,7 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from slotlake.merge.job import _table_names, record_runs
+    from slotlake.merge.watermarks import silver_file_stats
     from slotlake.recover.replay_job import recorded_runs
     from slotlake.spark.session import get_spark
 
@@ -68,6 +72,7 @@ def main() -> None:
         # Run r's changes have commit_lsn 1000 r .. 1000 r + 49: 50 rows per table and run, a file per table and run.
         rows = spark.range(runs_n * tables * 50).select(
             ((F.col("id") / (tables * 50)).cast("long") * 1000 + F.col("id") % 50).alias("commit_lsn"),
+            ((F.col("id") / (tables * 50)).cast("long") * 1000 + F.col("id") % 50 + 8).alias("commit_end_lsn"),
             F.lit("public").alias("schema_name"),
             F.concat(F.lit("t"), ((F.col("id") / 50).cast("long") % tables).cast("string")).alias("table_name"),
             F.col("id").alias("value"))
@@ -94,8 +99,14 @@ def main() -> None:
         def names_since() -> list:
             return _table_names(spark, silver, src, end, None, runs_path=runs_path, since=since)
 
-        if names_all() != names_since():
-            raise SystemExit(f"the two forms disagree: {names_all()} != {names_since()}")
+        def names_stats() -> list:
+            stats = silver_file_stats(silver_path)
+            if stats is None:
+                raise SystemExit(f"delta-rs could not read the statistics of {silver_path}")
+            return _table_names(spark, silver, src, end, None, runs_path=runs_path, since=since, files=stats)
+
+        if not names_all() == names_since() == names_stats():
+            raise SystemExit(f"the forms disagree: {names_all()}, {names_since()}, {names_stats()}")
         next_end = [int(end)]
 
         def run_rows():
@@ -127,6 +138,7 @@ def main() -> None:
         for _ in range(2):  # alternated twice: the first of each pair warms the JVM for the second
             results.setdefault("table names, all of silver (baseline)", []).extend(timed(args.repeat, names_all))
             results.setdefault("table names, since last run", []).extend(timed(args.repeat, names_since))
+            results.setdefault("table names, silver's file statistics", []).extend(timed(args.repeat, names_stats))
             results.setdefault("_runs MERGE, join only (baseline)", []).extend(timed(args.repeat, merge_join_only))
             results.setdefault("_runs MERGE, pruned", []).extend(timed(args.repeat, merge_pruned))
             results.setdefault("replay's _runs reads, per table (baseline)", []).extend(

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import psycopg  # noqa: E402
-from e2e import CHANGES_PER_TXN, _config, compare, decoded_rows, pgbench  # noqa: E402
+from e2e import CHANGES_PER_TXN, TABLES, _config, compare, decoded_rows, pgbench  # noqa: E402
 from extract import baseline  # noqa: E402
 
 from slotlake import delta_log  # noqa: E402
@@ -106,20 +106,31 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="bursts, each followed by one sync (default 6)")
     ap.add_argument("--changes", type=int, default=310_000, help="row changes per burst (default 310,000)")
     ap.add_argument("--scale", type=int, default=5, help="pgbench -s (default 5: 500,000 accounts)")
+    ap.add_argument("--simple-update", action="store_true",
+                    help="pgbench -N (the issue's burst: accounts updated, history inserted; tellers and branches "
+                         "untouched; 2 row changes per transaction) instead of tpcb-like (4)")
+    ap.add_argument("--idle-tables", type=int, default=0, metavar="N",
+                    help="N more tables of 100 rows in the source's table list that no burst changes (a source "
+                         "where most tables are quiet)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark setting for the server (spark.conf), e.g. to compare against a default")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     load_start = os.getloadavg()
-    txns = max(1, args.changes // CHANGES_PER_TXN // 4)
+    per_txn = 2 if args.simple_update else CHANGES_PER_TXN
+    txns = max(1, args.changes // per_txn // 4)
     with tempfile.TemporaryDirectory(prefix="slotlake-bench-bursts-") as tmp, LocalPostgres() as pg:
         pg.psql("CREATE DATABASE bench")
         dsn = pg.dsn("bench")
         pgbench(pg, "-i", "-q", "-s", str(args.scale))
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
+            idle = [f"public.idle_{i:03d}" for i in range(args.idle_tables)]
+            for t in idle:
+                conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")
+                conn.execute(f"INSERT INTO {t} SELECT g, 'v' || g FROM generate_series(1, 100) g")
         conf = dict(kv.split("=", 1) for kv in args.conf)
-        cfg = _config(str(Path(tmp) / "lake"), dsn, f"127.0.0.1:{free_port()}", conf=conf)
+        cfg = _config(str(Path(tmp) / "lake"), dsn, f"127.0.0.1:{free_port()}", conf=conf, tables=TABLES + idle)
         paths = LakePaths.of(cfg.lake, "bench")
         from slotlake.pipeline import sync, task_decode, task_extract, task_merge, task_preflight
 
@@ -130,7 +141,7 @@ def main() -> None:
             sync(cfg, "bench")  # slot + initial copy
             first_s = time.perf_counter() - t
             for r in range(args.rounds):
-                pgbench(pg, "-n", "-c", "4", "-j", "2", "-t", str(txns))
+                pgbench(pg, "-n", *(["-N"] if args.simple_update else []), "-c", "4", "-j", "2", "-t", str(txns))
                 version = next(delta_log.commits(paths.changes)).version if delta_log.has_commits(paths.changes) \
                     else -1
                 raw = baseline(dsn)["seconds"]
@@ -154,7 +165,9 @@ def main() -> None:
             checked = compare(spark, paths, dsn)
             spark.stop()
     load_end = os.getloadavg()
-    print(f"\nfirst sync (slot + initial copy): {first_s:.1f} s; Spark settings: {conf or 'the defaults'}")
+    mode = "pgbench -N" if args.simple_update else "tpcb-like"
+    print(f"\nfirst sync (slot + initial copy): {first_s:.1f} s; bursts: {mode}, {args.idle_tables} idle tables; "
+          f"Spark settings: {conf or 'the defaults'}")
     later = rows[1:] or rows  # the first round still warms the server's JVM
     med = {name: statistics.median(row[i] for row in later)
            for i, name in ((2, "raw pull"), (3, "extract"), (4, "decode"), (5, "merge"))}

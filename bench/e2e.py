@@ -58,15 +58,16 @@ CHANGES_PER_TXN = 4  # tpcb-like: UPDATE accounts, tellers, branches; INSERT his
 
 
 def _config(lake: str, dsn: str, server: str | None = None, event_log: str | None = None,
-            conf: dict[str, str] | None = None):
-    """The Spark apps read the config from a file, so the bench writes one next to the lake (`conf`: spark.conf)."""
+            conf: dict[str, str] | None = None, tables: list[str] | None = None):
+    """The Spark apps read the config from a file, so the bench writes one next to the lake (`conf`: spark.conf,
+    `tables`: the source's table list, TABLES by default)."""
     path = Path(lake).parent / "slotlake.yaml"
     if not path.exists():
         spark = {"master": "local[2]", **({"server": server} if server else {}), "conf": dict(conf or {})}
         if event_log:  # Spark's event log of every app: where each second goes (bench/README.md "Profile")
             spark["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log})
         path.write_text(json.dumps({"lake": lake, "spark": spark,
-                                    "sources": {"bench": {"dsn": dsn, "tables": TABLES}}}))  # JSON is YAML
+                                    "sources": {"bench": {"dsn": dsn, "tables": tables or TABLES}}}))  # JSON is YAML
     return load_config(str(path))
 
 
@@ -160,6 +161,9 @@ def main() -> None:
     ap.add_argument("--changes", type=int, default=1_000_000, help="row changes to generate (default 1,000,000)")
     ap.add_argument("--scale", type=int, default=1, help="pgbench -s (100,000 accounts per unit)")
     ap.add_argument("--clients", type=int, default=4, help="pgbench -c")
+    ap.add_argument("--simple-update", action="store_true",
+                    help="pgbench -N for the batch (accounts updated, history inserted, tellers and branches "
+                         "untouched: 2 row changes per transaction; the issue's burst) instead of tpcb-like (4)")
     ap.add_argument("--repeat", type=int, default=3, help="idle and 1,000-change syncs to time (default 3)")
     ap.add_argument("--no-replay", dest="replay", action="store_false",
                     help="skip timing `slotlake replay --dest` of the same range (a backfill's rate per change)")
@@ -175,7 +179,7 @@ def main() -> None:
         ap.error("--server and --auto-server exclude each other")
     logging.basicConfig(level=logging.WARNING)
     load_start = os.getloadavg()
-    txns = max(1, args.changes // CHANGES_PER_TXN // args.clients)
+    txns = max(1, args.changes // (2 if args.simple_update else CHANGES_PER_TXN) // args.clients)
     with tempfile.TemporaryDirectory(prefix="slotlake-bench-e2e-") as tmp, LocalPostgres() as pg, \
             contextlib.ExitStack() as stack:
         pg.psql("CREATE DATABASE bench")
@@ -212,7 +216,8 @@ def main() -> None:
         pgbench(pg, "-n", "-c", "1", "-t", "1")  # one transaction and a sync: silver and _runs have an end, so
         sync(cfg, "bench")  # the replay below has a base point before the batch, as in a running pipeline
         t = time.perf_counter()
-        pgbench(pg, "-n", "-c", str(args.clients), "-j", str(min(args.clients, 2)), "-t", str(txns))
+        pgbench(pg, "-n", *(["-N"] if args.simple_update else []), "-c", str(args.clients),
+                "-j", str(min(args.clients, 2)), "-t", str(txns))
         bench_s = time.perf_counter() - t
         silver_before = next((c.version for c in delta_log.commits(paths.changes)), -1) \
             if delta_log.is_delta_table(paths.changes) else -1

@@ -285,3 +285,14 @@ def test_each_silver_file_holds_one_table(spark, pg_db, tmp_path, monkeypatch):
     assert all(sorted(s["nullCount"]) == sorted(indexed) for s in stats), stats
     got = spark.read.format("delta").load(paths.changes).groupBy("table_name").count().collect()
     assert {r["table_name"]: r["count"] for r in got} == {"big": 140, "small": 8, "tiny": 1}
+    # The merge reads the same statistics with delta-rs, no Spark job: which tables have changes, exactly.
+    from slotlake.merge.silver_stats import has_changes, tables_in_window
+    from slotlake.merge.watermarks import silver_file_stats
+    from slotlake.names import TableName
+
+    files = silver_file_stats(paths.changes)
+    assert files is not None and len(files) == 5
+    end = int(result.end_lsn)
+    assert tables_in_window(files, None, end) == {TableName("public", t) for t in ("big", "small", "tiny")}
+    assert not has_changes(files, TableName("public", "other"), None, end)
+    assert not has_changes(files, TableName("public", "big"), end, end + 1)  # nothing after the end

@@ -396,6 +396,35 @@ def test_tables_merge_in_parallel_to_the_same_end_lsn(lake):
     assert lake.gold(ITEMS) == [(1, "a"), (2, "b")]
 
 
+def test_a_table_without_changes_in_its_window_is_not_planned(lake, caplog):
+    """Silver's file statistics (read with delta-rs) show that no file holds a change of `docs` after its
+    watermark: the run reports it with 0 changes without a Spark query for it; `items`, with changes, merges."""
+    import logging
+
+    from slotlake.merge.silver_stats import has_changes
+    from slotlake.merge.watermarks import silver_file_stats
+    from slotlake.names import TableName
+
+    lake.decode([ITEMS.ins(100, 0, "1", "a")], 150)
+    lake.decode([DOCS.ins(160, 0, "1", "b", "c")], 170)
+    lake.merge()
+    lake.decode([ITEMS.ins(200, 0, "2", "b"), ITEMS.upd(210, 0, "1", "a2")], 250)
+    files = silver_file_stats(lake.paths.changes)
+    assert files is not None and len(files) >= 3  # each decode commit wrote one file or more
+    assert not has_changes(files, TableName("public", "docs"), 170, 250)
+    assert has_changes(files, TableName("public", "items"), 170, 250)
+    with caplog.at_level(logging.DEBUG, logger="slotlake.merge.job"):
+        report = lake.merge()
+    skipped = [r.getMessage() for r in caplog.records if "no silver file holds a change" in r.getMessage()]
+    assert skipped == ["merge public.docs: no silver file holds a change after 0/AA; nothing to do"]
+    assert {(r.table_name, r.changes) for r in report.tables} == {("items", 2), ("docs", 0)}
+    assert lake.gold(ITEMS) == [(1, "a2"), (2, "b")]
+    assert lake.gold(DOCS) == [(1, "b", "c")]
+    runs = sorted(tuple(r) for r in lake.spark.read.format("delta").load(lake.paths.runs)
+                  .where("run_end_lsn = 250").select("table_name", "gold_version").collect())
+    assert runs == [("docs", 1), ("items", 2)]
+
+
 def test_a_run_reads_only_the_silver_files_after_the_last_complete_run(lake):
     """A source without a table list: the tables to merge are `_runs`'s of the last complete run plus those with
     changes since, so the run reads no older silver file (their Parquet files are moved away here as a tripwire: a

@@ -68,9 +68,10 @@ from slotlake.merge.plan import (
     schema_mismatch,
     stage_metadata,
 )
+from slotlake.merge.silver_stats import SilverFileStats, has_changes, tables_in_window
 from slotlake.merge.typing_job import ensure_quarantine, ensure_table, has_bad_value, quarantine_bad_values
 from slotlake.merge.visibility_job import not_seen_by_copy
-from slotlake.merge.watermarks import delta_state
+from slotlake.merge.watermarks import delta_state, silver_file_stats
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
 from slotlake.source.visibility import CopySnapshot
@@ -170,10 +171,13 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
     if end_lsn is not None:
         end = min(end, Lsn.parse(end_lsn))
     silver = spark.read.format("delta").load(changes_path)
+    # Silver's file statistics, read once without Spark: a table no file can hold a change of is not planned at
+    # all, and the tables with changes are usually read off them too (merge/silver_stats.py).
+    files = silver_file_stats(changes_path)
     # Live runs over every table look at silver's newest changes only (since the last complete run), not its
     # whole history: the scan of every silver file grew with the lake's age (bench/README.md).
     since = _last_complete_run(paths, end) if silver_path is None and gold_path_for is None else None
-    names = _table_names(spark, silver, src, end, tables, runs_path=paths.runs, since=since)
+    names = _table_names(spark, silver, src, end, tables, runs_path=paths.runs, since=since, files=files)
     ensure_quarantine(spark, paths.quarantine)
     results: dict[tuple[str, str], TableMergeResult] = {}
     errors: list[str] = []
@@ -182,7 +186,8 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
     def one(name: tuple[str, str]) -> TableMergeResult:
         gold = gold_path_for(*name) if gold_path_for else paths.gold(*name)
         started = datetime.now(UTC)
-        result = _merge_table(spark.newSession(), src, paths, name[0], name[1], end, changes_path, gold, definitions)
+        result = _merge_table(spark.newSession(), src, paths, name[0], name[1], end, changes_path, gold, definitions,
+                              files)
         return replace(result, started_at=started)
 
     # Tables merge concurrently (each in its own session: invariant 4), at most _MAX_PARALLEL_TABLES at a time so a
@@ -249,21 +254,27 @@ def _last_complete_run(paths: LakePaths, end: Lsn) -> Lsn | None:
 
 def _table_names(spark: SparkSession, silver: DataFrame, src: SourceConfig, end: Lsn,
                  tables: Sequence[str] | Sequence[tuple[str, str]] | None, *, runs_path: str,
-                 since: Lsn | None) -> list[tuple[str, str]]:
+                 since: Lsn | None, files: Sequence[SilverFileStats] | None = None) -> list[tuple[str, str]]:
     """The tables a run merges: `tables`, else the config's list, else every table of the source with changes in
     silver up to `end`. With `since` (the end of the last complete run, which merged every table with changes up
     to it and recorded each in `_runs`), those are the tables `_runs` holds for `since` plus the tables with
     changes after it: the same set, from the silver files past `since` (Delta skips the older ones by their
-    `commit_lsn` statistics) instead of all of silver."""
+    `commit_lsn` statistics) instead of all of silver. Those tables come from silver's file statistics (`files`)
+    when they name them exactly, else from a Spark query."""
     if tables:
         return [TableName.parse(t) if isinstance(t, str) else TableName(t[0], t[1]) for t in tables]
     if src.listed_tables:
         return [TableName.parse(t) for t in src.listed_tables]
-    window = F.col("commit_lsn") <= int(end)
-    if since is not None:
-        window = window & (F.col("commit_lsn") > int(since))
-    found = {TableName(r[0], r[1]) for r in silver.where(window).select("schema_name", "table_name").distinct()
-             .collect()}
+    # By end LSN, as each table's own window (`_merge_table`): the first commit after `since` may start exactly
+    # there (its commit_lsn == since).
+    found = tables_in_window(files, int(since) if since is not None else None, int(end)) \
+        if files is not None else None
+    if found is None:
+        window = F.col("commit_lsn") <= int(end)
+        if since is not None:
+            window = window & (F.col("commit_end_lsn") > int(since))
+        found = {TableName(r[0], r[1]) for r in silver.where(window).select("schema_name", "table_name")
+                 .distinct().collect()}
     if since is not None:
         found |= {TableName(r[0], r[1]) for r in spark.read.format("delta").load(runs_path)
                   .where(F.col("run_end_lsn") == int(since)).select("schema_name", "table_name").collect()}
@@ -280,7 +291,8 @@ class _Truncate:
 
 
 def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, schema: str, table: str,
-                 end: Lsn, changes_path: str, gold: str, definitions: TableDefinitions) -> TableMergeResult:
+                 end: Lsn, changes_path: str, gold: str, definitions: TableDefinitions,
+                 files: Sequence[SilverFileStats] | None = None) -> TableMergeResult:
     from delta.tables import DeltaTable
 
     name = str(TableName(schema, table))
@@ -289,6 +301,11 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     exists, mark = state.version is not None, state.watermark
     if mark is not None and mark >= end:
         return TableMergeResult(schema, table, 0, state.version, up_to_date=True)
+    if files is not None and not has_changes(files, TableName(schema, table),
+                                             int(mark) if mark is not None else None, int(end)):
+        # No silver file can hold a change of the table in its window: what the query below would count as 0.
+        log.debug("merge %s: no silver file holds a change after %s; nothing to do", name, mark)
+        return TableMergeResult(schema, table, 0, state.version)
     batch = (session.read.format("delta").load(changes_path)
              .where((F.col("schema_name") == schema) & (F.col("table_name") == table)
                     & (F.col("commit_lsn") <= int(end))))

@@ -1,6 +1,7 @@
 """A Delta table's slotlake watermark: the end LSN its newest slotlake commit records (docs/internals.md "Gold").
 
-Read from the JSON commits of a local table without a Spark job, else from the Delta history with Spark.
+Read from the JSON commits of a local table without a Spark job, else from the Delta history with Spark. Also
+silver's file statistics (`silver_file_stats`), read with delta-rs.
 """
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from slotlake import delta_log
+from slotlake import delta_log, storage
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import (
     newest_watermark,
 )
+from slotlake.merge.silver_stats import SilverFileStats
+from slotlake.spark.session import error_summary
 
 log = logging.getLogger(__name__)
 
@@ -74,3 +77,28 @@ def _local_delta_state(path: str) -> DeltaState | None:
 def delta_watermark(spark: SparkSession, path: str) -> Lsn | None:
     """The end LSN recorded by the newest slotlake commit of the Delta table at `path` (None: none/no table)."""
     return delta_state(spark, path).watermark
+
+
+def silver_file_stats(path: str) -> tuple[SilverFileStats, ...] | None:
+    """Every file of the silver-shaped Delta table at `path` with its statistics (`merge/silver_stats.py`), read
+    from its log with delta-rs (no Spark job); None when that is not possible here (no table, an object store
+    delta-rs is not set up for, a log it cannot read): the caller then asks Spark, as before."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    if not delta_log.readable(path):
+        return None
+    try:
+        uri, options = storage.delta_rs_table_args(path)
+        actions = pa.table(DeltaTable(uri, storage_options=options).get_add_actions(flatten=True))
+    except Exception as e:  # any reason: the Spark path below it is always right
+        log.info("silver file statistics not read from %s (%s); tables are checked with Spark", path,
+                 error_summary(e))
+        return None
+
+    def column(name: str) -> list:
+        return actions.column(name).to_pylist() if name in actions.column_names else [None] * actions.num_rows
+
+    return tuple(SilverFileStats(*row) for row in zip(
+        column("min.schema_name"), column("max.schema_name"), column("min.table_name"), column("max.table_name"),
+        column("min.commit_lsn"), column("max.commit_end_lsn"), strict=True))
