@@ -15,7 +15,10 @@ and a `_runs` table (`contracts.RUNS`, one file per run), then times, best and e
   table names, silver's file statistics   `merge.job._table_names` now: the same, the tables with changes since
                                  read off silver's file statistics with delta-rs (`silver_file_stats`, timed too)
   _runs MERGE, join only         the `_runs` MERGE condition before: (run end, schema, table) (the baseline)
-  _runs MERGE, pruned            `merge.job.record_runs` now: the same plus the literal `run_end_lsn = <end>`
+  _runs MERGE, pruned            `merge.job.record_runs` until 2026-11-27: the same plus the literal
+                                 `run_end_lsn = <end>`
+  _runs write now                `merge.job.record_runs` now: the run's rows `_runs` lacks (read with delta-rs),
+                                 appended
   replay's _runs reads, per table   a replay's reads of `_runs` before: its table names, then each table's
                                  recorded ends (1 + tables reads; the baseline)
   replay's _runs reads, once     `recover.replay_job.recorded_runs` now: every table's recorded ends in one read
@@ -30,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +126,16 @@ def main() -> None:
 
         def merge_pruned() -> None:
             df, e = run_rows()
-            record_runs(spark, runs_path, df, Lsn(e), complete=True)
+            (DeltaTable.forPath(spark, runs_path).alias("t")
+             .merge(df.alias("s"), f"t.run_end_lsn = {e} AND t.run_end_lsn = s.run_end_lsn "
+                                   "AND t.schema_name = s.schema_name AND t.table_name = s.table_name")
+             .whenNotMatchedInsertAll().execute())
+
+        def record_now() -> None:
+            next_end[0] += 1000
+            now = datetime.now(UTC)
+            rows = [(next_end[0], "public", f"t{i}", 1, now, now, 50, now) for i in range(tables)]
+            record_runs(spark, runs_path, rows, Lsn(next_end[0]), complete=True)
 
         def replay_reads_per_table() -> None:
             df = spark.read.format("delta").load(runs_path)
@@ -141,6 +154,8 @@ def main() -> None:
             results.setdefault("table names, silver's file statistics", []).extend(timed(args.repeat, names_stats))
             results.setdefault("_runs MERGE, join only (baseline)", []).extend(timed(args.repeat, merge_join_only))
             results.setdefault("_runs MERGE, pruned", []).extend(timed(args.repeat, merge_pruned))
+            results.setdefault("_runs write now (read with delta-rs, append)", []).extend(
+                timed(args.repeat, record_now))
             results.setdefault("replay's _runs reads, per table (baseline)", []).extend(
                 timed(args.repeat, replay_reads_per_table))
             results.setdefault("replay's _runs reads, once", []).extend(timed(args.repeat, replay_reads_once))

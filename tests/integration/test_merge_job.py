@@ -425,6 +425,39 @@ def test_a_table_without_changes_in_its_window_is_not_planned(lake, caplog):
     assert runs == [("docs", 1), ("items", 2)]
 
 
+def test_runs_rows_are_added_once_per_end_and_the_complete_run_marks_its_commit(lake):
+    """`_runs` is keyed by (run end, table): a run over chosen tables records them unmarked, the run over every
+    table at the same end adds only the others and marks its commit as complete (what slotlake.pending reads), and
+    a re-run adds nothing, not even a commit."""
+    from slotlake import delta_log
+    from slotlake.contracts import STAGE_RUNS
+
+    lake.decode([ITEMS.ins(100, 0, "1", "a"), DOCS.ins(100, 1, "1", "b", "c")], 150)
+    lake.merge(["public.items"])
+    assert delta_log.stage_end(lake.paths.runs, STAGE_RUNS) is None  # chosen tables: not a complete run
+
+    def runs():
+        return sorted((r[0], r[1], r[2]) for r in lake.spark.read.format("delta").load(lake.paths.runs)
+                      .select("run_end_lsn", "table_name", "gold_version").collect())
+
+    assert runs() == [(150, "items", 1)]
+    lake.merge()
+    assert runs() == [(150, "docs", 1), (150, "items", 1)]
+    assert delta_log.stage_end(lake.paths.runs, STAGE_RUNS) == Lsn(150)
+    versions = next(delta_log.commits(lake.paths.runs)).version
+    lake.merge()  # nothing new: every table up to date, its rows and the mark already there
+    assert next(delta_log.commits(lake.paths.runs)).version == versions
+    assert runs() == [(150, "docs", 1), (150, "items", 1)]
+    # Every row present but the mark missing (the chosen-tables run covered every table): the complete run adds
+    # no row, only the marked commit.
+    lake.decode([ITEMS.ins(200, 0, "2", "b"), DOCS.ins(200, 1, "2", "d", "e")], 250)
+    lake.merge(["public.items", "public.docs"])
+    assert delta_log.stage_end(lake.paths.runs, STAGE_RUNS) == Lsn(150)
+    lake.merge()
+    assert delta_log.stage_end(lake.paths.runs, STAGE_RUNS) == Lsn(250)
+    assert runs() == [(150, "docs", 1), (150, "items", 1), (250, "docs", 2), (250, "items", 2)]
+
+
 def test_a_run_reads_only_the_silver_files_after_the_last_complete_run(lake):
     """A source without a table list: the tables to merge are `_runs`'s of the last complete run plus those with
     changes since, so the run reads no older silver file (their Parquet files are moved away here as a tripwire: a

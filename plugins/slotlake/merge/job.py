@@ -71,7 +71,7 @@ from slotlake.merge.plan import (
 from slotlake.merge.silver_stats import SilverFileStats, has_changes, tables_in_window
 from slotlake.merge.typing_job import ensure_quarantine, ensure_table, has_bad_value, quarantine_bad_values
 from slotlake.merge.visibility_job import not_seen_by_copy
-from slotlake.merge.watermarks import delta_state, silver_file_stats
+from slotlake.merge.watermarks import delta_state, runs_tables_at, silver_file_stats
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
 from slotlake.source.visibility import CopySnapshot
@@ -81,6 +81,7 @@ from slotlake.spark.session import error_summary
 log = logging.getLogger(__name__)
 
 RUNS_SCHEMA = contracts.RUNS
+RUNS_COMPLETE_PROPERTY = "slotlake.runs.completeEnd"  # set by the commit that marks a complete run adding no row
 _MAX_PARALLEL_TABLES = 8
 
 
@@ -210,10 +211,8 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
         log.info("%s (custom gold paths: _runs not written)", report.summary())
         return report
     finished = datetime.now(UTC)
-    runs = spark.createDataFrame(
-        [(int(end), r.schema_name, r.table_name, r.gold_version, finished, r.started_at, r.changes, r.last_commit_ts)
-         for r in results.values()],
-        contracts.ddl(RUNS_SCHEMA))
+    runs = [(int(end), r.schema_name, r.table_name, r.gold_version, finished, r.started_at, r.changes,
+             r.last_commit_ts) for r in results.values()]
     # A run over every table marks its commit with the run's end: the sync's no-Spark check (slotlake.pending)
     # reads it as "every table is merged up to silver's end". A run over chosen tables does not.
     record_runs(spark, paths.runs, runs, end, complete=tables is None and end_lsn is None)
@@ -221,21 +220,40 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
     return report
 
 
-def record_runs(spark: SparkSession, runs_path: str, runs: DataFrame, end: Lsn, *, complete: bool) -> None:
-    """Adds a run's rows (`RUNS_SCHEMA`, every `run_end_lsn` = `end`) to `_runs`, in one commit marked as the end of
-    a complete run when `complete`. Keyed by (run end, table), so a re-run adds nothing (a re-run after a crash
-    before this commit records 0 changes for the tables the crashed run had already merged: their changes are in
-    the gold commits)."""
+def record_runs(spark: SparkSession, runs_path: str, runs: Sequence[tuple], end: Lsn, *, complete: bool) -> None:
+    """Adds a run's rows (tuples in `RUNS_SCHEMA` order, every `run_end_lsn` = `end`) to `_runs`, in one commit
+    marked as the end of a complete run when `complete`. Keyed by (run end, table), so a re-run adds nothing (a
+    re-run after a crash before this commit records 0 changes for the tables the crashed run had already merged:
+    their changes are in the gold commits).
+
+    The rows `_runs` already holds for `end` are read with delta-rs (`runs_tables_at`), and the others are one
+    append: no MERGE (its planning and jobs were ~1.4 s of every run's end, bench/README.md). When every row is
+    there and only the complete run's mark is missing (a run over chosen tables that were all of them), an append
+    of nothing or a MERGE that inserts nothing would commit nothing, so the mark rides a table-property commit
+    (`slotlake.runs.completeEnd`). When delta-rs cannot read `_runs`, a MERGE inserts what is missing."""
     from delta.tables import DeltaTable
 
     ensure_table(spark, runs_path, RUNS_SCHEMA)
+    present = runs_tables_at(runs_path, end)
+    missing = list(runs) if present is None else [r for r in runs if (r[1], r[2]) not in present]
+    if present is not None and not missing and (not complete or delta_log.stage_end(runs_path, RUNS_STAGE) == end):
+        return  # a re-run: every row, and the mark, are there
     if complete:
         spark.conf.set(USER_METADATA, stage_metadata(end, RUNS_STAGE))
     try:
+        if present is not None and missing:
+            spark.createDataFrame(missing, contracts.ddl(RUNS_SCHEMA)).write.format("delta").mode("append") \
+                .save(runs_path)
+            return
+        if present is not None:  # only the mark is missing
+            quoted = runs_path.replace("`", "``")
+            spark.sql(f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ('{RUNS_COMPLETE_PROPERTY}' = '{end}')")
+            return
+        rows = spark.createDataFrame(list(runs), contracts.ddl(RUNS_SCHEMA))
         # The literal `t.run_end_lsn = end` lets Delta skip every `_runs` file of other runs (one per run: a year
         # of hourly runs is 8,760 files); the join alone reads them all (bench/aged_lake.py).
         (DeltaTable.forPath(spark, runs_path).alias("t")
-         .merge(runs.alias("s"), f"t.run_end_lsn = {int(end)} AND t.run_end_lsn = s.run_end_lsn "
+         .merge(rows.alias("s"), f"t.run_end_lsn = {int(end)} AND t.run_end_lsn = s.run_end_lsn "
                                   "AND t.schema_name = s.schema_name AND t.table_name = s.table_name")
          .whenNotMatchedInsertAll().execute())
     finally:
@@ -276,8 +294,11 @@ def _table_names(spark: SparkSession, silver: DataFrame, src: SourceConfig, end:
         found = {TableName(r[0], r[1]) for r in silver.where(window).select("schema_name", "table_name")
                  .distinct().collect()}
     if since is not None:
-        found |= {TableName(r[0], r[1]) for r in spark.read.format("delta").load(runs_path)
-                  .where(F.col("run_end_lsn") == int(since)).select("schema_name", "table_name").collect()}
+        at_since = runs_tables_at(runs_path, since)
+        if at_since is None:
+            at_since = {(r[0], r[1]) for r in spark.read.format("delta").load(runs_path)
+                        .where(F.col("run_end_lsn") == int(since)).select("schema_name", "table_name").collect()}
+        found |= {TableName(s, t) for s, t in at_since}
     return sorted(t for t in found if src.syncs(str(t)))
 
 

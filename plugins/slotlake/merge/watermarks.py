@@ -102,3 +102,24 @@ def silver_file_stats(path: str) -> tuple[SilverFileStats, ...] | None:
     return tuple(SilverFileStats(*row) for row in zip(
         column("min.schema_name"), column("max.schema_name"), column("min.table_name"), column("max.table_name"),
         column("min.commit_lsn"), column("max.commit_end_lsn"), strict=True))
+
+
+def runs_tables_at(runs_path: str, end: Lsn) -> set[tuple[str, str]] | None:
+    """The (schema, table) pairs `_runs` holds rows for at `run_end_lsn = end`, read with delta-rs (no Spark job;
+    Parquet statistics skip the other runs' files); an empty set when there is no `_runs` table yet; None when it
+    cannot be read here (the caller asks Spark)."""
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    if not delta_log.readable(runs_path):
+        return None
+    try:
+        if not delta_log.is_delta_table(runs_path) or not delta_log.has_commits(runs_path):
+            return set()
+        uri, options = storage.delta_rs_table_args(runs_path)
+        rows = DeltaTable(uri, storage_options=options).to_pyarrow_dataset().to_table(
+            columns=["schema_name", "table_name"], filter=ds.field("run_end_lsn") == int(end))
+    except Exception as e:  # any reason: Spark's read is always right
+        log.info("_runs not read from %s (%s); read with Spark", runs_path, error_summary(e))
+        return None
+    return set(zip(rows.column("schema_name").to_pylist(), rows.column("table_name").to_pylist(), strict=True))
