@@ -245,8 +245,9 @@ def main() -> None:
         stack.close()  # stops the Spark server, if any
         load_end = os.getloadavg()
         mb = (ext["bytes"] or 0) / 1e6
+        script = "simple-update (-N)" if args.simple_update else "tpcb-like"
         print(f"\npgbench -i -s {args.scale}: {init_s:.1f}s; first sync (slot + initial copy): {first_s:.1f}s; "
-              f"pgbench {args.clients} clients x {txns} tpcb-like transactions: {bench_s:.1f}s")
+              f"pgbench {args.clients} clients x {txns} {script} transactions: {bench_s:.1f}s")
         if server is not None:
             print(f"slotlake spark-server start-up (once, before the first sync): {server_s:.1f}s")
         print(f"row changes decoded: {changes:,}; pgoutput messages archived: {ext['rows']:,} ({mb:.1f} MB)")
