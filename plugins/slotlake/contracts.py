@@ -99,6 +99,10 @@ RUNS: Columns = (
 )
 """`_runs`: per merge run and table, the gold version it left, when, and how much it applied."""
 
+RUNS_COMPLETE_PROPERTY = "slotlake.runs.completeEnd"
+"""`_runs` table property set, to the run's end LSN, by the commit that marks a complete run when every row of that
+end was already there (an append of nothing commits nothing; docs/internals.md "Runs")."""
+
 # Gold: the source table's columns, then these.
 LSN_COL = "_slotlake_lsn"  # commit LSN of the row's last change
 COMMIT_TS_COL = "_slotlake_commit_ts"

@@ -455,6 +455,8 @@ def test_runs_rows_are_added_once_per_end_and_the_complete_run_marks_its_commit(
     assert delta_log.stage_end(lake.paths.runs, STAGE_RUNS) == Lsn(150)
     lake.merge()
     assert delta_log.stage_end(lake.paths.runs, STAGE_RUNS) == Lsn(250)
+    from slotlake.contracts import RUNS_COMPLETE_PROPERTY
+    assert delta_log.table_properties(lake.paths.runs)[RUNS_COMPLETE_PROPERTY] == str(Lsn(250))
     assert runs() == [(150, "docs", 1), (150, "items", 1), (250, "docs", 2), (250, "items", 2)]
 
 

@@ -81,7 +81,6 @@ from slotlake.spark.session import error_summary
 log = logging.getLogger(__name__)
 
 RUNS_SCHEMA = contracts.RUNS
-RUNS_COMPLETE_PROPERTY = "slotlake.runs.completeEnd"  # set by the commit that marks a complete run adding no row
 _MAX_PARALLEL_TABLES = 8
 
 
@@ -246,8 +245,8 @@ def record_runs(spark: SparkSession, runs_path: str, runs: Sequence[tuple], end:
                 .save(runs_path)
             return
         if present is not None:  # only the mark is missing
-            quoted = runs_path.replace("`", "``")
-            spark.sql(f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ('{RUNS_COMPLETE_PROPERTY}' = '{end}')")
+            quoted, prop = runs_path.replace("`", "``"), contracts.RUNS_COMPLETE_PROPERTY
+            spark.sql(f"ALTER TABLE delta.`{quoted}` SET TBLPROPERTIES ('{prop}' = '{end}')")
             return
         rows = spark.createDataFrame(list(runs), contracts.ddl(RUNS_SCHEMA))
         # The literal `t.run_end_lsn = end` lets Delta skip every `_runs` file of other runs (one per run: a year

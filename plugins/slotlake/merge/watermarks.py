@@ -91,7 +91,7 @@ def silver_file_stats(path: str) -> tuple[SilverFileStats, ...] | None:
     try:
         uri, options = storage.delta_rs_table_args(path)
         actions = pa.table(DeltaTable(uri, storage_options=options).get_add_actions(flatten=True))
-    except Exception as e:  # any reason: the Spark path below it is always right
+    except Exception as e:  # any reason: the caller's Spark query is always right
         log.info("silver file statistics not read from %s (%s); tables are checked with Spark", path,
                  error_summary(e))
         return None
