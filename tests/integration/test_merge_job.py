@@ -670,6 +670,35 @@ def test_insert_only_batches_are_appends_with_the_merge_semantics(lake):
     assert _last_operation(lake, t)[0] == "MERGE"
 
 
+def test_an_append_whose_keys_no_gold_file_can_hold_reads_no_gold(lake, monkeypatch):
+    """The append check joins the batch with gold only when a gold file's statistics overlap the batch's key
+    ranges: an empty gold or keys past gold's (serial ids, commit times) are appended without the join; keys
+    inside gold's range are joined, appended when gold lacks them, merged when gold holds one."""
+    import slotlake.merge.job as job
+
+    joins: list[int] = []
+    real = job._gold_holds_any
+    monkeypatch.setattr(job, "_gold_holds_any", lambda *a: joins.append(1) or real(*a))
+    hist = Tbl("hist", (("a", INT4, -1, True), ("b", TEXT, -1, True)), ri="f")
+    lake.decode([ITEMS.ins(100, 0, "10", "a"), ITEMS.ins(100, 1, "20", "b"), hist.ins(100, 2, "1", "x")], 150)
+    lake.merge()  # gold empty: nothing to join
+    lake.decode([ITEMS.ins(200, 0, "30", "c"), hist.ins(200, 1, "2", "y")], 250)
+    lake.merge()  # keys past every gold file's range
+    assert joins == []
+    assert _last_operation(lake, ITEMS)[0] == _last_operation(lake, hist)[0] == "WRITE"
+    # a range (15..25) a gold file's (20) overlaps, keys gold lacks: joined, appended
+    lake.decode([ITEMS.ins(300, 0, "15", "d"), ITEMS.ins(300, 1, "25", "e")], 350)
+    lake.merge()
+    assert joins == [1] and _last_operation(lake, ITEMS)[0] == "WRITE"
+    lake.decode([hist.ins(400, 0, "1", "x")], 450)  # a row gold holds: joined, merged (copy 2)
+    lake.merge()
+    assert joins == [1, 1] and _last_operation(lake, hist)[0] == "MERGE"
+    assert lake.gold(ITEMS, "_slotlake_lsn") == [(10, "a", 100), (15, "d", 300), (20, "b", 100), (25, "e", 300),
+                                                 (30, "c", 200)]
+    assert lake.gold(hist, "_slotlake_dup", "_slotlake_lsn") == [(1, "x", 1, 100), (1, "x", 2, 400),
+                                                                (2, "y", 1, 200)]
+
+
 def test_insert_only_append_keeps_soft_deleted_keys_merged(spark, tmp_path):
     lake = Lake(spark, tmp_path, delete_mode="soft")
     lake.decode([ITEMS.ins(100, 0, "1", "a"), ITEMS.ins(100, 1, "2", "b")], 150)

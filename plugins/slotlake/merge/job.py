@@ -527,7 +527,8 @@ def _append_rows(session: SparkSession, plan: TablePlan, typed: DataFrame, gold:
     and updates none, unless gold already holds a row with the same key (KEYED: the key columns, a soft-deleted
     row included; FULL: the whole row, whose copies `_slotlake_dup` numbers) or the batch repeats a key: those
     batches keep the MERGE. That check reads only the gold files whose column statistics overlap the batch's value
-    ranges (Delta data skipping), not all of gold.
+    ranges (Delta data skipping), not all of gold, and when no file is left (new serial keys, new commit times)
+    it reads neither gold nor the batch.
     """
     from delta.tables import DeltaTable
 
@@ -542,12 +543,16 @@ def _append_rows(session: SparkSession, plan: TablePlan, typed: DataFrame, gold:
             c = F.col(_q(shape.columns[k]))
             within = c.between(r[f"a_lo{k}"], r[f"a_hi{k}"]) if r[f"a_lo{k}"] is not None else F.lit(False)
             target = target.where(within | c.isNull() if r[f"a_nulls{k}"] else within)
-        # A semi join needs no distinct keys (and a whole-row distinct of a big FULL batch is a costly aggregation).
-        batch_keys = inserts.select(*[F.col(f"__n{k}").alias(f"__k{j}") for j, k in enumerate(keys)])
-        cond = lineage.and_all([target[_q(shape.columns[k])].eqNullSafe(batch_keys[f"__k{j}"])
-                                for j, k in enumerate(keys)])
-        if target.join(batch_keys, cond, "left_semi").limit(1).count():
-            return None  # gold holds one of these keys: the MERGE updates (or revives) it
+        # No gold file left after skipping by those ranges (an empty gold; keys or times past gold's, as serial
+        # keys and commit times are): no row can match, so the batch is not read for the join.
+        if target.inputFiles():
+            # A semi join needs no distinct keys (and a whole-row distinct of a big FULL batch is a costly
+            # aggregation).
+            batch_keys = inserts.select(*[F.col(f"__n{k}").alias(f"__k{j}") for j, k in enumerate(keys)])
+            cond = lineage.and_all([target[_q(shape.columns[k])].eqNullSafe(batch_keys[f"__k{j}"])
+                                    for j, k in enumerate(keys)])
+            if _gold_holds_any(target, batch_keys, cond):
+                return None  # gold holds one of these keys: the MERGE updates (or revives) it
     cols = [F.col(f"__n{i}").alias(c) for i, c in enumerate(shape.columns)]
     meta = [F.col("commit_lsn").alias(LSN_COL), F.col("commit_ts").alias(COMMIT_TS_COL)]
     if plan.strategy is KeyStrategy.FULL_ROW:
@@ -565,6 +570,11 @@ def _append_rows(session: SparkSession, plan: TablePlan, typed: DataFrame, gold:
         out = out.withColumn(DELETED_COL, F.lit(False))
     fields = DeltaTable.forPath(session, gold).toDF().schema.fields
     return out.select(*[F.col(_q(f.name)).cast(f.dataType).alias(f.name) for f in fields])
+
+
+def _gold_holds_any(target: DataFrame, batch_keys: DataFrame, cond) -> bool:
+    """Whether a row of `target` (gold, skipped by the batch's key ranges) matches one of `batch_keys`."""
+    return bool(target.join(batch_keys, cond, "left_semi").limit(1).count())
 
 
 def _execute_merge(session: SparkSession, src: SourceConfig, gold: str, schema: str, table: str, end: Lsn,
