@@ -296,3 +296,81 @@ def test_each_silver_file_holds_one_table(spark, pg_db, tmp_path, monkeypatch):
     assert tables_in_window(files, None, end) == {TableName("public", t) for t in ("big", "small", "tiny")}
     assert not has_changes(files, TableName("public", "other"), None, end)
     assert not has_changes(files, TableName("public", "big"), end, end + 1)  # nothing after the end
+
+
+def test_silver_written_by_the_tasks_and_by_spark_is_one_table(spark, pg_db, tmp_path, monkeypatch):
+    """A local lake's decode writes silver's files from its tasks and commits them with delta-rs
+    (`decode/silver_write.py`); a silver table Spark's writer started (an s3a lake's path, or a lake from before)
+    takes those commits, and both honour each other's idempotent-write transaction. Spark and delta-rs read the
+    same rows, with statistics that name each file's one table."""
+    import datetime as dt
+
+    import deltalake
+
+    from slotlake.decode import silver_write
+    from slotlake.decode.job import SILVER_DDL, app_id
+
+    cfg = parse_config({"lake": str(tmp_path / "lake"), "sources": {"shop": {"dsn": pg_db}}})
+    paths = LakePaths.of(cfg.lake, "shop")
+    cap = Capture(pg_db)
+    try:
+        cap.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+        cap.execute("CREATE TABLE b (k text, at timestamptz)")
+        cap.execute("ALTER TABLE b REPLICA IDENTITY FULL")
+        cap.transaction("INSERT INTO a SELECT g, 'x' FROM generate_series(1, 30) g",
+                        "INSERT INTO b VALUES ('p', '2024-05-01 10:00:00.123456+00'), ('q', NULL)")
+        archive(cap, Path(paths.bronze), cap.start_lsn)
+        monkeypatch.setattr(silver_write, "writes_directly", lambda path: False)  # Spark's writer first
+        assert run_decode(spark, cfg, "shop").changes_written == 32
+        assert _commit_info(paths.changes, 0)["engineInfo"].startswith("Apache-Spark")
+        cap.transaction("UPDATE a SET v = 'y' WHERE id <= 5", "DELETE FROM b WHERE k = 'q'")
+        _, end2 = archive(cap, Path(paths.bronze), cap.start_lsn)
+    finally:
+        cap.close()
+    monkeypatch.undo()
+    second = run_decode(spark, cfg, "shop")
+    assert second.changes_written == 6 and second.end_lsn == Lsn.parse(end2)
+    newest = next(delta_log.commits(paths.changes))
+    assert _commit_info(paths.changes, newest.version)["engineInfo"].startswith("delta-rs")
+    assert newest.end_lsn == end2 and newest.stage == "decode" and newest.metrics["numOutputRows"] == 6
+    table = deltalake.DeltaTable(paths.changes)
+    assert table.transaction_version(app_id("shop")) == Lsn.parse(end2).value
+    # Spark's writer skips a write of that transaction (a re-run after the delta-rs commit)...
+    spark.createDataFrame([], SILVER_DDL).write.format("delta").mode("append").option(
+        "txnAppId", app_id("shop")).option("txnVersion", Lsn.parse(end2).value).save(paths.changes)
+    assert deltalake.DeltaTable(paths.changes).version() == table.version()
+    # ...and so does the direct commit
+    assert not silver_write.commit(paths.changes, [], app_id=app_id("shop"), version=Lsn.parse(end2).value,
+                                   user_metadata="{}", properties={})
+    assert deltalake.DeltaTable(paths.changes).version() == table.version()
+    by_spark = sorted((r.table_name, r.op, tuple(r.new or ()), r.columns, r.type_oids)
+                      for r in spark.read.format("delta").load(paths.changes).collect())
+    by_rs = sorted((r["table_name"], r["op"], tuple(r["new"] or ()), r["columns"], r["type_oids"])
+                   for r in table.to_pyarrow_table().to_pylist())
+    assert len(by_spark) == 38 and by_spark == by_rs
+    assert sum(1 for r in by_spark if r[:2] == ("a", "U")) == 5 and ("b", "D", (), ["k", "at"], [25, 1184]) in by_rs
+    # the commit time of the direct rows: the same instant for both readers, a moment ago
+    got = {r["commit_ts"] for r in table.to_pyarrow_table().to_pylist() if r["op"] in ("U", "D")}
+    assert len(got) == 1 and abs(dt.datetime.now(dt.UTC) - got.pop()) < dt.timedelta(minutes=10)
+    stats = [json.loads(line)["add"]["stats"] for line in _commit_lines(paths.changes, newest.version)
+             if '"add"' in line]
+    stats = [json.loads(x) for x in stats]
+    assert sorted(x["minValues"]["table_name"] for x in stats) == ["a", "b"]
+    assert all(x["minValues"]["table_name"] == x["maxValues"]["table_name"] for x in stats)
+    assert sum(x["numRecords"] for x in stats) == 6
+    # Delta's data skipping reads those statistics: a window of the first decode's LSNs reads none of these files
+    first_max = max(r.commit_end_lsn for r in spark.read.format("delta").load(paths.changes)
+                    .where("op = 'I'").collect())
+    window = spark.read.format("delta").load(paths.changes).where(f"commit_end_lsn <= {first_max}")
+    assert window.count() == 32 and not (set(window.inputFiles())
+                                         & {str(Path(paths.changes, json.loads(line)["add"]["path"]))
+                                            for line in _commit_lines(paths.changes, newest.version)
+                                            if '"add"' in line})
+
+
+def _commit_lines(table_path: str, version: int) -> list[str]:
+    return Path(table_path, "_delta_log", f"{version:020d}.json").read_text().splitlines()
+
+
+def _commit_info(table_path: str, version: int) -> dict:
+    return next(json.loads(line)["commitInfo"] for line in _commit_lines(table_path, version) if "commitInfo" in line)

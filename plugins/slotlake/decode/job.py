@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from slotlake import contracts, delta_log, failpoints
+from slotlake import contracts, delta_log, failpoints, storage
 from slotlake.bronze import BronzeFile, list_bronze
 from slotlake.catalog import (
     apply_definitions,
@@ -34,6 +34,7 @@ from slotlake.catalog import (
 )
 from slotlake.config import Config
 from slotlake.contracts import STAGE_DDL_LOG, STAGE_DECODE, CommitMeta, ReplicaIdentity
+from slotlake.decode import silver_write
 from slotlake.decode.commit_ends import MAX_HELD_ROWS, CommitEnds, InFileOrder
 from slotlake.decode.decoded import (
     KIND_CHANGE,
@@ -297,12 +298,15 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
                                source=source, end_lsn=end)
     # Test-only failpoint: the process dies after the catalog and DDL log commits, before the silver commit.
     failpoints.die_at(failpoints.DECODE_AFTER_CATALOG)
-    changes = _silver_changes(bronze, summary, held)
-    _executor_errors(lambda: changes.write.format("delta").mode("append").options(**contracts.SILVER_PROPERTIES)
-                     .option("txnAppId", app_id(source)).option("txnVersion", end.value)
-                     .option("userMetadata", CommitMeta(STAGE_DECODE, end).json())
-                     .save(paths.changes))
-    n = _rows_written(spark, paths.changes, end)
+    if silver_write.writes_directly(paths.changes):
+        n = _write_silver_directly(bronze, summary, held, paths.changes, source, end)
+    else:
+        changes = _silver_changes(bronze, summary, held)
+        _executor_errors(lambda: changes.write.format("delta").mode("append").options(**contracts.SILVER_PROPERTIES)
+                         .option("txnAppId", app_id(source)).option("txnVersion", end.value)
+                         .option("userMetadata", CommitMeta(STAGE_DECODE, end).json())
+                         .save(paths.changes))
+        n = _rows_written(spark, paths.changes, end)
     secs = time.monotonic() - started
     for w in warnings:
         log.warning("decode %s: %s", source, w)
@@ -310,6 +314,25 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
              "(%.1fs, %.0f rows/s)", source, len(todo), n, added, ddl_events, end, secs, n / secs if secs else 0)
     return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=end, catalog_versions_added=added,
                         ddl_events=ddl_events, warnings=tuple(warnings))
+
+
+def _write_silver_directly(bronze, summary: BronzeSummary, held: int, changes_path: str, source: str,
+                           end: Lsn) -> int:
+    """The silver commit of a local lake: each task decodes its bronze file and writes its changes as Parquet
+    files, one table per file (`decode/silver_write.py`); one delta-rs commit adds them with the same
+    idempotent-write transaction and userMetadata as Spark's writer. Returns the rows added."""
+    folder = storage.local_path(changes_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    task = partial(silver_write.write_task, folder=str(folder), rows_per_file=_ROWS_PER_FILE,
+                   decode=partial(decode_partition, known_ends=summary.big_ends, max_held_rows=held))
+    files = [r.asDict() for r in _executor_errors(lambda: bronze.mapInArrow(task, silver_write.FILES_DDL).collect())]
+    if not silver_write.commit(changes_path, files, app_id=app_id(source), version=end.value,
+                               user_metadata=CommitMeta(STAGE_DECODE, end).json(),
+                               properties=contracts.SILVER_PROPERTIES):
+        log.info("decode %s: silver already holds the commit up to %s (its files written now are not used)",
+                 source, end)
+        return _rows_written(bronze.sparkSession, changes_path, end)
+    return sum(int(f["rows"]) for f in files)
 
 
 def _rows_written(spark, changes_path: str, end: Lsn) -> int:

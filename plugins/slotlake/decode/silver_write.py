@@ -1,0 +1,155 @@
+"""Silver's files written by the decode's own Python tasks, committed with delta-rs (a lake on a local file system).
+
+The decode's tasks already hold each bronze file's changes as Arrow batches (`decode_partition`). Handing them to
+Spark to write costs more than the decode: Arrow to rows, a shuffle to lay them out by table, Spark's row-wise
+Parquet writer, each on wide rows (bench/README.md, "the silver write without Spark's writer"). Here each task
+writes its changes with pyarrow, one Parquet file per table (`rows_per_file` at most), with the Delta statistics of
+silver's indexed columns, and returns only the files' descriptions; the driver commits them all in one Delta
+commit, with the same idempotent-write transaction (`txnAppId`/`txnVersion`, which Spark honours) and userMetadata
+a Spark write carries. A task that dies leaves files no commit names (as Spark's own writer does; VACUUM removes
+them). Silver is the same Delta table either way, read by Spark and delta-rs alike.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from slotlake import contracts, storage
+from slotlake.decode.decoded import KIND_CHANGE
+
+FILES_DDL = "path string, size long, rows long, stats string"
+"""What each task returns per file it wrote (`path` relative to the table)."""
+
+def writes_directly(changes_path: str) -> bool:
+    """Whether the decode writes silver's files itself: a lake on a local file system (the executors write where
+    the driver commits). An s3a lake keeps Spark's writer (its credentials and committer are Spark's)."""
+    return not storage.is_s3(changes_path)
+
+
+def arrow_schema() -> Any:
+    import pyarrow as pa
+
+    types = {"long": pa.int64(), "int": pa.int32(), "string": pa.string(), "timestamp": pa.timestamp("us", "UTC"),
+             "array<string>": pa.list_(pa.string()), "array<int>": pa.list_(pa.int32())}
+    return pa.schema([pa.field(name, types[kind]) for name, kind in contracts.SILVER])
+
+
+class _OpenFile:
+    """One Parquet file being written, with the statistics Delta keeps for silver's indexed columns."""
+
+    def __init__(self, folder: str, schema: Any) -> None:
+        import pyarrow.parquet as pq
+
+        self.name = f"part-{uuid.uuid4()}.snappy.parquet"
+        self.path = os.path.join(folder, self.name)
+        self.writer = pq.ParquetWriter(self.path, schema, compression="snappy")
+        self.rows = 0
+        self.lo: dict[str, Any] = {}
+        self.hi: dict[str, Any] = {}
+        self.nulls: dict[str, int] = {}
+
+    def write(self, table: Any) -> None:
+        import pyarrow.compute as pc
+
+        self.writer.write_table(table)
+        self.rows += table.num_rows
+        for name, _ in contracts.SILVER[:contracts.SILVER_STATS_COLUMNS]:
+            col = table.column(name)
+            self.nulls[name] = self.nulls.get(name, 0) + col.null_count
+            mm = pc.min_max(col).as_py()
+            if mm["min"] is not None:
+                self.lo[name] = mm["min"] if name not in self.lo else min(self.lo[name], mm["min"])
+                self.hi[name] = mm["max"] if name not in self.hi else max(self.hi[name], mm["max"])
+
+    def close(self) -> dict[str, Any]:
+        self.writer.close()
+        stats = {"numRecords": self.rows, "minValues": {k: _stat(v) for k, v in self.lo.items()},
+                 "maxValues": {k: _stat(v) for k, v in self.hi.items()}, "nullCount": self.nulls}
+        return {"path": self.name, "size": os.path.getsize(self.path), "rows": self.rows,
+                "stats": json.dumps(stats, separators=(",", ":"))}
+
+
+def _stat(v: Any) -> Any:
+    """A statistic as Delta writes it: time stamps in UTC to the millisecond (Delta widens a maximum by 1 ms when
+    it reads one back), others as they are."""
+    if hasattr(v, "isoformat"):
+        v = v.astimezone(dt.UTC)
+        return v.strftime("%Y-%m-%dT%H:%M:%S.") + f"{v.microsecond // 1000:03d}Z"
+    return v
+
+
+def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], folder: str,
+               rows_per_file: int) -> Iterator:
+    """mapInArrow function: bronze rows of whole files in, decoded by `decode` (`decode_partition` with its
+    settings), silver Parquet files written into `folder` (one table per file, at most `rows_per_file` rows),
+    their descriptions (`FILES_DDL`) out."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    schema = arrow_schema()
+    names = schema.names
+    open_files: dict[int, _OpenFile] = {}
+    done: list[dict[str, Any]] = []
+    for out in decode(batches):
+        changes = pa.Table.from_batches([out]).filter(pc.equal(out.column("kind"), KIND_CHANGE))
+        if not changes.num_rows:
+            continue
+        changes = changes.select(names).cast(schema)
+        oids = changes.column("rel_oid")
+        for oid in pc.unique(oids).to_pylist():
+            part = changes.filter(pc.equal(oids, oid)) if oid is not None else changes.filter(pc.is_null(oids))
+            at = 0
+            while at < part.num_rows:
+                f = open_files.get(oid)
+                if f is None:
+                    f = open_files[oid] = _OpenFile(folder, schema)
+                take = min(part.num_rows - at, rows_per_file - f.rows)
+                f.write(part.slice(at, take))
+                at += take
+                if f.rows >= rows_per_file:
+                    done.append(open_files.pop(oid).close())
+    done.extend(f.close() for f in open_files.values())
+    yield pa.RecordBatch.from_pylist(done, schema=pa.schema([("path", pa.string()), ("size", pa.int64()),
+                                                            ("rows", pa.int64()), ("stats", pa.string())]))
+
+
+def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str, version: int,
+           user_metadata: str, properties: Mapping[str, str]) -> bool:
+    """One Delta commit adding `files` to silver (creating the table, with `properties`, when there is none),
+    with the idempotent-write transaction (`app_id`, `version`) and `user_metadata`. False when a commit of that
+    transaction is there already (nothing written)."""
+    from deltalake import DeltaTable, Schema
+    from deltalake.exceptions import TableNotFoundError
+    from deltalake.transaction import (
+        AddAction,
+        CommitProperties,
+        RemoveAction,
+        Transaction,
+        create_table_with_add_actions,
+    )
+
+    now = int(time.time() * 1000)
+    adds: list[AddAction | RemoveAction] = [AddAction(f["path"], int(f["size"]), {}, now, True, f["stats"])
+                                            for f in files]
+    rows = sum(int(f["rows"]) for f in files)
+    props = CommitProperties(
+        custom_metadata={"userMetadata": user_metadata,
+                         "operationMetrics": {"numFiles": str(len(adds)), "numOutputRows": str(rows)}},
+        app_transactions=[Transaction(app_id, version)])
+    try:
+        table = DeltaTable(changes_path)
+    except TableNotFoundError:
+        create_table_with_add_actions(changes_path, Schema.from_arrow(arrow_schema()),
+                                      [a for a in adds if isinstance(a, AddAction)], mode="append",
+                                      configuration=dict(properties), commit_properties=props)
+        return True
+    done = table.transaction_version(app_id)
+    if done is not None and done >= version:
+        return False
+    table.create_write_transaction(adds, mode="append", schema=table.schema(), commit_properties=props)
+    return True
