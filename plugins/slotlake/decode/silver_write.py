@@ -25,6 +25,10 @@ from slotlake.decode.decoded import KIND_CHANGE
 FILES_DDL = "path string, size long, rows long, stats string"
 """What each task returns per file it wrote (`path` relative to the table)."""
 
+ROW_GROUP_ROWS = 65_536
+"""Changes of a table a task holds before writing them as one Parquet row group (~16 MB of pgbench rows): fewer,
+bigger row groups than the decoder's batches, in bounded memory."""
+
 def writes_directly(changes_path: str) -> bool:
     """Whether the decode writes silver's files itself: a lake on a local file system (the executors write where
     the driver commits). An s3a lake keeps Spark's writer (its credentials and committer are Spark's)."""
@@ -94,7 +98,22 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
     schema = arrow_schema()
     names = schema.names
     open_files: dict[int, _OpenFile] = {}
+    held: dict[int, list] = {}  # per table, changes not yet written: a row group holds ROW_GROUP_ROWS
     done: list[dict[str, Any]] = []
+
+    def flush(oid: int) -> None:
+        part = pa.concat_tables(held.pop(oid))
+        at = 0
+        while at < part.num_rows:
+            f = open_files.get(oid)
+            if f is None:
+                f = open_files[oid] = _OpenFile(folder, schema)
+            take = min(part.num_rows - at, rows_per_file - f.rows)
+            f.write(part.slice(at, take))
+            at += take
+            if f.rows >= rows_per_file:
+                done.append(open_files.pop(oid).close())
+
     for out in decode(batches):
         changes = pa.Table.from_batches([out]).filter(pc.equal(out.column("kind"), KIND_CHANGE))
         if not changes.num_rows:
@@ -102,17 +121,12 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
         changes = changes.select(names).cast(schema)
         oids = changes.column("rel_oid")
         for oid in pc.unique(oids).to_pylist():
-            part = changes.filter(pc.equal(oids, oid)) if oid is not None else changes.filter(pc.is_null(oids))
-            at = 0
-            while at < part.num_rows:
-                f = open_files.get(oid)
-                if f is None:
-                    f = open_files[oid] = _OpenFile(folder, schema)
-                take = min(part.num_rows - at, rows_per_file - f.rows)
-                f.write(part.slice(at, take))
-                at += take
-                if f.rows >= rows_per_file:
-                    done.append(open_files.pop(oid).close())
+            held.setdefault(oid, []).append(changes.filter(pc.equal(oids, oid) if oid is not None
+                                                           else pc.is_null(oids)))
+            if sum(t.num_rows for t in held[oid]) >= ROW_GROUP_ROWS:
+                flush(oid)
+    for oid in list(held):
+        flush(oid)
     done.extend(f.close() for f in open_files.values())
     yield pa.RecordBatch.from_pylist(done, schema=pa.schema([("path", pa.string()), ("size", pa.int64()),
                                                             ("rows", pa.int64()), ("stats", pa.string())]))
