@@ -6,7 +6,8 @@
             Relation/Type/DDL rows ──▶ catalog versioning ──▶ _catalog (rewrite, idempotent)
                              DDL rows ──▶ _ddl_log (append, idempotent)
         one partition per file, in row order ──mapInArrow(BatchDecoder, CommitEnds)──▶ changes ──by table──▶
-            silver/changes (append, idempotent)
+            silver/changes (append, idempotent): on a local lake each task writes its Parquet files (one table
+            per file) and the driver commits them with delta-rs (decode/silver_write.py); on s3a, Spark's writer
     bronze/catalog/*.json (bootstrap read at slot creation) ──▶ catalog versioning
 
 Each bronze file is decoded in order by one task (files in parallel), once: inside the silver write, nothing

@@ -27,7 +27,11 @@ FILES_DDL = "path string, size long, rows long, stats string"
 
 ROW_GROUP_ROWS = 65_536
 """Changes of a table a task holds before writing them as one Parquet row group (~16 MB of pgbench rows): fewer,
-bigger row groups than the decoder's batches, in bounded memory."""
+bigger row groups than the decoder's batches."""
+MAX_HELD_ROWS = 4 * ROW_GROUP_ROWS
+"""Changes a task holds over all its tables at most (many tables, none with a full row group): memory stays flat."""
+MAX_OPEN_FILES = 64
+"""Parquet files a task keeps open; past it the oldest is closed (its table's next changes go to a new file)."""
 
 def writes_directly(changes_path: str) -> bool:
     """Whether the decode writes silver's files itself: a lake on a local file system (the executors write where
@@ -97,16 +101,20 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
 
     schema = arrow_schema()
     names = schema.names
-    open_files: dict[int, _OpenFile] = {}
-    held: dict[int, list] = {}  # per table, changes not yet written: a row group holds ROW_GROUP_ROWS
+    open_files: dict[int, _OpenFile] = {}  # insertion order: the oldest is closed first past MAX_OPEN_FILES
+    held: dict[int, list] = {}  # per table, changes not yet written
+    counts: dict[int, int] = {}
     done: list[dict[str, Any]] = []
 
     def flush(oid: int) -> None:
         part = pa.concat_tables(held.pop(oid))
+        counts.pop(oid)
         at = 0
         while at < part.num_rows:
             f = open_files.get(oid)
             if f is None:
+                if len(open_files) >= MAX_OPEN_FILES:
+                    done.append(open_files.pop(next(iter(open_files))).close())
                 f = open_files[oid] = _OpenFile(folder, schema)
             take = min(part.num_rows - at, rows_per_file - f.rows)
             f.write(part.slice(at, take))
@@ -121,9 +129,13 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
         changes = changes.select(names).cast(schema)
         oids = changes.column("rel_oid")
         for oid in pc.unique(oids).to_pylist():
-            held.setdefault(oid, []).append(changes.filter(pc.equal(oids, oid) if oid is not None
-                                                           else pc.is_null(oids)))
-            if sum(t.num_rows for t in held[oid]) >= ROW_GROUP_ROWS:
+            part = changes.filter(pc.equal(oids, oid) if oid is not None else pc.is_null(oids))
+            held.setdefault(oid, []).append(part)
+            counts[oid] = counts.get(oid, 0) + part.num_rows
+            if counts[oid] >= ROW_GROUP_ROWS:
+                flush(oid)
+        if sum(counts.values()) >= MAX_HELD_ROWS:  # many tables, none with a full row group: write them all
+            for oid in list(held):
                 flush(oid)
     for oid in list(held):
         flush(oid)
