@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from slotlake import contracts
 from slotlake.decode import silver_write
 from slotlake.decode.decoded import KIND_CHANGE, KIND_COMMIT, decoded_schema
 
@@ -49,7 +50,7 @@ def test_each_file_holds_one_table_within_the_limits_with_its_statistics(tmp_pat
     per_table: dict[str, int] = {}
     for f in files:
         data = pq.read_table(tmp_path / f["path"])
-        assert data.schema == silver_write.arrow_schema()
+        assert data.schema == contracts.arrow_schema(contracts.SILVER)
         names = set(data.column("table_name").to_pylist())
         assert len(names) == 1 and f["rows"] == data.num_rows <= 25  # one table per file, at most rows_per_file
         name = names.pop()
@@ -60,7 +61,7 @@ def test_each_file_holds_one_table_within_the_limits_with_its_statistics(tmp_pat
         assert stats["numRecords"] == data.num_rows and f["size"] == (tmp_path / f["path"]).stat().st_size
         assert stats["minValues"]["commit_lsn"] == min(lsns) and stats["maxValues"]["commit_lsn"] == max(lsns)
         assert stats["minValues"]["table_name"] == stats["maxValues"]["table_name"] == name
-        assert set(stats["minValues"]) <= {c for c, _ in silver_write.contracts.SILVER[:10]}
+        assert set(stats["minValues"]) <= {c for c, _ in contracts.SILVER[:contracts.SILVER_STATS_COLUMNS]}
         assert stats["nullCount"]["commit_ts"] == 0 and "new" not in stats["nullCount"]
         assert stats["minValues"]["commit_ts"].endswith(".123Z")  # UTC to the millisecond, as Delta writes
     assert per_table == {f"t{t}": 30 for t in range(1, 6)}

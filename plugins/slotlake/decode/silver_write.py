@@ -22,8 +22,9 @@ from typing import Any
 from slotlake import contracts, storage
 from slotlake.decode.decoded import KIND_CHANGE
 
-FILES_DDL = "path string, size long, rows long, stats string"
-"""What each task returns per file it wrote (`path` relative to the table)."""
+FILES: contracts.Columns = (("path", "string"), ("size", "long"), ("rows", "long"), ("stats", "string"))
+"""What each task returns per file it wrote (`path` relative to the table; `stats` Delta's statistics JSON)."""
+FILES_DDL = contracts.ddl(FILES)
 
 ROW_GROUP_ROWS = 65_536
 """Changes of a table a task holds before writing them as one Parquet row group (~16 MB of pgbench rows): fewer,
@@ -37,14 +38,6 @@ def writes_directly(changes_path: str) -> bool:
     """Whether the decode writes silver's files itself: a lake on a local file system (the executors write where
     the driver commits). An s3a lake keeps Spark's writer (its credentials and committer are Spark's)."""
     return not storage.is_s3(changes_path)
-
-
-def arrow_schema() -> Any:
-    import pyarrow as pa
-
-    types = {"long": pa.int64(), "int": pa.int32(), "string": pa.string(), "timestamp": pa.timestamp("us", "UTC"),
-             "array<string>": pa.list_(pa.string()), "array<int>": pa.list_(pa.int32())}
-    return pa.schema([pa.field(name, types[kind]) for name, kind in contracts.SILVER])
 
 
 class _OpenFile:
@@ -99,7 +92,7 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    schema = arrow_schema()
+    schema = contracts.arrow_schema(contracts.SILVER)
     names = schema.names
     open_files: dict[int, _OpenFile] = {}  # insertion order: the oldest is closed first past MAX_OPEN_FILES
     held: dict[int, list] = {}  # per table, changes not yet written
@@ -140,8 +133,7 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
     for oid in list(held):
         flush(oid)
     done.extend(f.close() for f in open_files.values())
-    yield pa.RecordBatch.from_pylist(done, schema=pa.schema([("path", pa.string()), ("size", pa.int64()),
-                                                            ("rows", pa.int64()), ("stats", pa.string())]))
+    yield pa.RecordBatch.from_pylist(done, schema=contracts.arrow_schema(FILES))
 
 
 def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str, version: int,
@@ -160,8 +152,7 @@ def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str
     )
 
     now = int(time.time() * 1000)
-    adds: list[AddAction | RemoveAction] = [AddAction(f["path"], int(f["size"]), {}, now, True, f["stats"])
-                                            for f in files]
+    adds = [AddAction(f["path"], int(f["size"]), {}, now, True, f["stats"]) for f in files]
     rows = sum(int(f["rows"]) for f in files)
     props = CommitProperties(
         custom_metadata={"userMetadata": user_metadata,
@@ -170,12 +161,13 @@ def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str
     try:
         table = DeltaTable(changes_path)
     except TableNotFoundError:
-        create_table_with_add_actions(changes_path, Schema.from_arrow(arrow_schema()),
-                                      [a for a in adds if isinstance(a, AddAction)], mode="append",
+        create_table_with_add_actions(changes_path, Schema.from_arrow(contracts.arrow_schema(contracts.SILVER)),
+                                      adds, mode="append",
                                       configuration=dict(properties), commit_properties=props)
         return True
     done = table.transaction_version(app_id)
     if done is not None and done >= version:
         return False
-    table.create_write_transaction(adds, mode="append", schema=table.schema(), commit_properties=props)
+    actions: list[AddAction | RemoveAction] = list(adds)  # the parameter's type (a list is invariant)
+    table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=props)
     return True
