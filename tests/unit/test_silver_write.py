@@ -55,7 +55,14 @@ def test_each_file_holds_one_table_within_the_limits_with_its_statistics(tmp_pat
         assert len(names) == 1 and f["rows"] == data.num_rows <= 25  # one table per file, at most rows_per_file
         name = names.pop()
         per_table[name] = per_table.get(name, 0) + data.num_rows
-        assert pq.ParquetFile(tmp_path / f["path"]).metadata.num_row_groups >= 1
+        meta = pq.ParquetFile(tmp_path / f["path"]).metadata
+        assert meta.num_row_groups >= 1
+        chunks = {meta.row_group(0).column(i).path_in_schema: meta.row_group(0).column(i).encodings
+                  for i in range(meta.num_columns)}
+        # repeating scalars dictionary-encoded; unique LSNs, arrays and values plain
+        assert "RLE_DICTIONARY" in chunks["table_name"] and "RLE_DICTIONARY" in chunks["op"]
+        assert not {"RLE_DICTIONARY", "PLAIN_DICTIONARY"} & ({*chunks["lsn"], *chunks["columns.list.element"],
+                                                              *chunks["new.list.element"]})
         stats = json.loads(f["stats"])
         lsns = data.column("commit_lsn").to_pylist()
         assert stats["numRecords"] == data.num_rows and f["size"] == (tmp_path / f["path"]).stat().st_size

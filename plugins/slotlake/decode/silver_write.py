@@ -27,10 +27,17 @@ FILES: contracts.Columns = (("path", "string"), ("size", "long"), ("rows", "long
 FILES_DDL = contracts.ddl(FILES)
 
 ROW_GROUP_ROWS = 65_536
-"""Changes of a table a task holds before writing them as one Parquet row group (~16 MB of pgbench rows): fewer,
-bigger row groups than the decoder's batches."""
+"""Changes of a table a task holds before writing them as one Parquet row group (~24 MB of pgbench rows in
+memory): fewer, bigger row groups than the decoder's batches. Row groups of 131,072 or 262,144 did not read
+measurably faster in the merge (bench/README.md, "the merge's reads of the tasks' files")."""
 MAX_HELD_ROWS = 4 * ROW_GROUP_ROWS
-"""Changes a task holds over all its tables at most (many tables, none with a full row group): memory stays flat."""
+"""Changes a task holds over all its tables at most (many tables, none with a full row group): memory stays flat
+(~95 MB of pgbench rows)."""
+DICTIONARY_COLUMNS = ("seq", "rel_oid", "schema_name", "table_name", "op", "replica_identity", "old_kind",
+                      "truncate_options", "bronze_file")
+"""Silver's columns written dictionary-encoded: the scalars whose values repeat from change to change. The LSNs,
+xid, time stamps, arrays and values are written plain, as Spark's writer ends up writing most of them (pyarrow's
+dictionaries of unique LSNs cost the merge's reads; bench/README.md, "the merge's reads of the tasks' files")."""
 MAX_OPEN_FILES = 64
 """Parquet files a task keeps open; past it the oldest is closed (its table's next changes go to a new file)."""
 
@@ -48,7 +55,8 @@ class _OpenFile:
 
         self.name = f"part-{uuid.uuid4()}.snappy.parquet"
         self.path = os.path.join(folder, self.name)
-        self.writer = pq.ParquetWriter(self.path, schema, compression="snappy")
+        self.writer = pq.ParquetWriter(self.path, schema, compression="snappy",
+                                      use_dictionary=list(DICTIONARY_COLUMNS))
         self.rows = 0
         self.lo: dict[str, Any] = {}
         self.hi: dict[str, Any] = {}
