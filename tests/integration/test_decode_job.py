@@ -374,3 +374,56 @@ def _commit_lines(table_path: str, version: int) -> list[str]:
 
 def _commit_info(table_path: str, version: int) -> dict:
     return next(json.loads(line)["commitInfo"] for line in _commit_lines(table_path, version) if "commitInfo" in line)
+
+
+def test_a_replays_re_decode_is_written_by_the_tasks_and_replaces_the_table(spark, pg_db, tmp_path):
+    """`decode_range` on a local lake: the tasks write the window's changes and one delta-rs commit replaces the
+    replay's table (its earlier files removed), rows equal to the live decode's in that window for Spark and
+    delta-rs; a table there of another shape is rewritten by Spark's schema overwrite instead."""
+    import deltalake
+
+    from slotlake.decode.job import decode_range
+
+    cfg = parse_config({"lake": str(tmp_path / "lake"), "sources": {"shop": {"dsn": pg_db}}})
+    paths = LakePaths.of(cfg.lake, "shop")
+    cap = Capture(pg_db)
+    try:
+        cap.execute("CREATE TABLE a (id int PRIMARY KEY, v text)")
+        cap.transaction("INSERT INTO a SELECT g, 'x' FROM generate_series(1, 20) g")
+        _, end1 = archive(cap, Path(paths.bronze), cap.start_lsn)
+        cap.transaction("UPDATE a SET v = 'y' WHERE id <= 5")
+        cap.transaction("DELETE FROM a WHERE id > 18")
+        _, end2 = archive(cap, Path(paths.bronze), cap.start_lsn)
+    finally:
+        cap.close()
+    assert run_decode(spark, cfg, "shop").changes_written == 27
+    live = [r.asDict() for r in silver_rows(spark, paths.changes)]
+    replay = str(tmp_path / "replay_changes")
+
+    def both(path: str) -> list[dict]:
+        by_spark = [r.asDict() for r in silver_rows(spark, path)]
+        by_rs = sorted(deltalake.DeltaTable(path).to_pyarrow_table().to_pylist(),
+                       key=lambda r: (r["commit_lsn"], r["seq"]))
+        assert [(r["commit_lsn"], r["seq"], r["op"], r["new"], r["old"]) for r in by_rs] == [
+            (r["commit_lsn"], r["seq"], r["op"], r["new"], r["old"]) for r in by_spark]
+        return by_spark
+
+    whole = decode_range(spark, cfg, "shop", None, Lsn.parse(end2), replay)
+    assert whole.changes_written == 27 and both(replay) == live
+    assert _commit_info(replay, 0)["engineInfo"].startswith("delta-rs")
+    # the second window replaces the first: only the changes committed after end1 remain
+    second = decode_range(spark, cfg, "shop", Lsn.parse(end1), Lsn.parse(end2), replay)
+    assert second.changes_written == 7
+    assert both(replay) == [r for r in live if r["commit_end_lsn"] > Lsn.parse(end1).value]
+    assert _commit_info(replay, 1)["engineInfo"].startswith("delta-rs")
+    assert len(deltalake.DeltaTable(replay).file_uris()) == len([ln for ln in _commit_lines(replay, 1) if '"add"' in ln])
+    assert next(delta_log.commits(replay)).end_lsn == end2
+    # the first window only: the insert transaction
+    first = decode_range(spark, cfg, "shop", None, Lsn.parse(end1), replay)
+    assert first.changes_written == 20 and both(replay) == live[:20]
+    # a table of another shape at the path: Spark's writer overwrites it, schema and all
+    other = str(tmp_path / "other")
+    spark.createDataFrame([(1, "z")], "id int, note string").write.format("delta").save(other)
+    again = decode_range(spark, cfg, "shop", None, Lsn.parse(end2), other)
+    assert again.changes_written == 27 and both(other) == live
+    assert _commit_info(other, 1)["engineInfo"].startswith("Apache-Spark")

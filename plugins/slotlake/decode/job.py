@@ -9,6 +9,7 @@
             silver/changes (append, idempotent): on a local lake each task writes its Parquet files (one table
             per file) and the driver commits them with delta-rs (decode/silver_write.py); on s3a, Spark's writer
     bronze/catalog/*.json (bootstrap read at slot creation) ──▶ catalog versioning
+    decode_range (a replay's re-decode): the same tasks keep an LSN window's changes, one overwrite commit
 
 Each bronze file is decoded in order by one task (files in parallel), once: inside the silver write, nothing
 cached. The catalog is written before the silver commit: the silver commit is the watermark, so a crash in between
@@ -322,11 +323,7 @@ def _write_silver_directly(bronze, summary: BronzeSummary, held: int, changes_pa
     """The silver commit of a local lake: each task decodes its bronze file and writes its changes as Parquet
     files, one table per file (`decode/silver_write.py`); one delta-rs commit adds them with the same
     idempotent-write transaction and userMetadata as Spark's writer. Returns the rows added."""
-    folder = storage.local_path(changes_path)
-    folder.mkdir(parents=True, exist_ok=True)
-    task = partial(silver_write.write_task, folder=str(folder), rows_per_file=_ROWS_PER_FILE,
-                   decode=partial(decode_partition, known_ends=summary.big_ends, max_held_rows=held))
-    files = [r.asDict() for r in _executor_errors(lambda: bronze.mapInArrow(task, silver_write.FILES_DDL).collect())]
+    files = _write_files(bronze, summary, held, changes_path)
     if not silver_write.commit(changes_path, files, app_id=app_id(source), version=end.value,
                                user_metadata=CommitMeta(STAGE_DECODE, end).json(),
                                properties=contracts.SILVER_PROPERTIES):
@@ -334,6 +331,17 @@ def _write_silver_directly(bronze, summary: BronzeSummary, held: int, changes_pa
                  source, end)
         return _rows_written(bronze.sparkSession, changes_path, end)
     return sum(int(f["rows"]) for f in files)
+
+
+def _write_files(bronze, summary: BronzeSummary, held: int, changes_path: str,
+                 window: tuple[int | None, int] | None = None) -> list[dict]:
+    """The decode's tasks write the changes of `bronze` (within `window`, see `silver_write.write_task`) as
+    Parquet files into the folder of the local Delta table `changes_path`; their descriptions, not committed."""
+    folder = storage.local_path(changes_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    task = partial(silver_write.write_task, folder=str(folder), rows_per_file=_ROWS_PER_FILE, window=window,
+                   decode=partial(decode_partition, known_ends=summary.big_ends, max_held_rows=held))
+    return [r.asDict() for r in _executor_errors(lambda: bronze.mapInArrow(task, silver_write.FILES_DDL).collect())]
 
 
 def _rows_written(spark, changes_path: str, end: Lsn) -> int:
@@ -384,20 +392,26 @@ def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, 
     paths = LakePaths.of(cfg.lake, source)
     todo = files_for_range(list_bronze(paths.root), after, upto)
     started = time.monotonic()
-    if todo:
-        held = MAX_HELD_ROWS
-        bronze = _bronze(spark, todo)
-        cond = F.col("commit_lsn") <= int(upto)
-        if after is not None:
-            cond = cond & (F.col("commit_end_lsn") > int(after))  # `after` is an end position (see merge/job.py)
-        changes = _silver_changes(bronze, _summarize(bronze, held), held, where=cond)
-    else:
-        changes = spark.createDataFrame([], SILVER_DDL)
-    _executor_errors(lambda: changes.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-                     .options(**contracts.SILVER_PROPERTIES)
-                     .option("userMetadata", CommitMeta(STAGE_DECODE, upto,
-                                                          {"after_lsn": str(after) if after else None}).json())
-                     .save(changes_path))
+    meta = CommitMeta(STAGE_DECODE, upto, {"after_lsn": str(after) if after else None}).json()
+    held = MAX_HELD_ROWS
+    bronze = _bronze(spark, todo) if todo else None
+    summary = _summarize(bronze, held) if bronze is not None else None
+    # A local lake: the tasks write the files and one delta-rs commit replaces the table's (as the sync's decode).
+    direct = (bronze is not None and summary is not None and silver_write.writes_directly(changes_path)
+              and silver_write.commit(changes_path, _write_files(bronze, summary, held, changes_path,
+                                                                 window=(after.value if after else None, upto.value)),
+                                      app_id=None, version=None, user_metadata=meta,
+                                      properties=contracts.SILVER_PROPERTIES, overwrite=True))
+    if not direct:  # an s3a lake, no bronze file, or a table of another shape (Spark overwrites its schema)
+        if bronze is not None and summary is not None:
+            cond = F.col("commit_lsn") <= int(upto)
+            if after is not None:
+                cond = cond & (F.col("commit_end_lsn") > int(after))  # `after` is an end position (merge/job.py)
+            changes = _silver_changes(bronze, summary, held, where=cond)
+        else:
+            changes = spark.createDataFrame([], SILVER_DDL)
+        _executor_errors(lambda: changes.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+                         .options(**contracts.SILVER_PROPERTIES).option("userMetadata", meta).save(changes_path))
     n = _rows_written(spark, changes_path, upto)
     log.info("decode %s: re-decoded %d change(s) with %s < commit LSN <= %s from %d bronze file(s) into %s (%.1fs)",
              source, n, after, upto, len(todo), changes_path, time.monotonic() - started)

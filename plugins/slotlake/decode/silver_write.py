@@ -93,10 +93,11 @@ def _stat(v: Any) -> Any:
 
 
 def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], folder: str,
-               rows_per_file: int) -> Iterator:
+               rows_per_file: int, window: tuple[int | None, int] | None = None) -> Iterator:
     """mapInArrow function: bronze rows of whole files in, decoded by `decode` (`decode_partition` with its
     settings), silver Parquet files written into `folder` (one table per file, at most `rows_per_file` rows),
-    their descriptions (`FILES_DDL`) out."""
+    their descriptions (`FILES_DDL`) out. `window` (after, upto): only the changes with `after < commit_end_lsn`
+    (after None: from the start) and `commit_lsn <= upto` (a replay's re-decode)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -124,7 +125,13 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
                 done.append(open_files.pop(oid).close())
 
     for out in decode(batches):
-        changes = pa.Table.from_batches([out]).filter(pc.equal(out.column("kind"), KIND_CHANGE))
+        keep = pc.equal(out.column("kind"), KIND_CHANGE)
+        if window is not None:
+            after, upto = window
+            keep = pc.and_(keep, pc.less_equal(out.column("commit_lsn"), upto))
+            if after is not None:
+                keep = pc.and_(keep, pc.greater(out.column("commit_end_lsn"), after))
+        changes = pa.Table.from_batches([out]).filter(keep)
         if not changes.num_rows:
             continue
         changes = changes.select(names).cast(schema)
@@ -144,11 +151,14 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
     yield pa.RecordBatch.from_pylist(done, schema=contracts.arrow_schema(FILES))
 
 
-def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str, version: int,
-           user_metadata: str, properties: Mapping[str, str]) -> bool:
+def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str | None, version: int | None,
+           user_metadata: str, properties: Mapping[str, str], overwrite: bool = False) -> bool:
     """One Delta commit adding `files` to silver (creating the table, with `properties`, when there is none),
-    with the idempotent-write transaction (`app_id`, `version`) and `user_metadata`. False when a commit of that
-    transaction is there already (nothing written)."""
+    with the idempotent-write transaction (`app_id`, `version`; none when `app_id` is None) and `user_metadata`.
+    False when a commit of that transaction is there already (nothing written). `overwrite`: the commit also
+    removes every file the table held (a replay's own changes table, rewritten each time); False, writing nothing,
+    when that table's schema is not silver's (the caller rewrites it with Spark's schema overwrite)."""
+    import pyarrow as pa
     from deltalake import DeltaTable, Schema
     from deltalake.exceptions import TableNotFoundError
     from deltalake.transaction import (
@@ -165,17 +175,39 @@ def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str
     props = CommitProperties(
         custom_metadata={"userMetadata": user_metadata,
                          "operationMetrics": {"numFiles": str(len(adds)), "numOutputRows": str(rows)}},
-        app_transactions=[Transaction(app_id, version)])
+        app_transactions=[Transaction(app_id, version)] if app_id is not None and version is not None else None)
+    silver = contracts.arrow_schema(contracts.SILVER)
     try:
         table = DeltaTable(changes_path)
     except TableNotFoundError:
-        create_table_with_add_actions(changes_path, Schema.from_arrow(contracts.arrow_schema(contracts.SILVER)),
-                                      adds, mode="append",
+        create_table_with_add_actions(changes_path, Schema.from_arrow(silver), adds, mode="append",
                                       configuration=dict(properties), commit_properties=props)
         return True
-    done = table.transaction_version(app_id)
-    if done is not None and done >= version:
+    if overwrite and not _same_columns(pa.schema(table.schema().to_arrow()), silver):  # arro3's, as pyarrow's
         return False
+    if app_id is not None:
+        done = table.transaction_version(app_id)
+        if done is not None and version is not None and done >= version:
+            return False
     actions: list[AddAction | RemoveAction] = list(adds)  # the parameter's type (a list is invariant)
-    table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=props)
+    # delta-rs's overwrite removes every file of the table's current version in the same commit
+    table.create_write_transaction(actions, mode="overwrite" if overwrite else "append", schema=table.schema(),
+                                   commit_properties=props)
     return True
+
+
+def _same_columns(have: Any, want: Any) -> bool:
+    """Whether a Delta table's Arrow schema has silver's columns and types (nullability and the time stamp's
+    unit and zone aside, as Spark and delta-rs each write them)."""
+    import pyarrow as pa
+
+    def norm(t: Any) -> Any:
+        if pa.types.is_timestamp(t):
+            return "timestamp"
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return ("list", norm(t.value_type))
+        if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+            return pa.string()
+        return t
+
+    return [(f.name, norm(f.type)) for f in have] == [(f.name, norm(f.type)) for f in want]
