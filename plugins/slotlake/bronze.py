@@ -23,6 +23,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +43,49 @@ META_START = "slotlake.start_lsn"
 META_END = "slotlake.end_lsn"
 META_SLOT = "slotlake.slot"
 META_ROWS = "slotlake.rows"
+META_FRAMES = "slotlake.frames"
+"""The file's frame summary (`FrameSummary` as JSON), written by the extract; a file without it (written before,
+or by other means) is summarized by the decode's Spark aggregation instead."""
+
+BIG_TXN_MIN_ROWS = 100_000
+"""Transactions a frame summary lists with their Commit's LSNs: those spanning more frames than this. The decode
+needs those over half of what a task holds (`decode.commit_ends.MAX_HELD_ROWS` // 2), so this must stay below."""
+
+
+@dataclass(frozen=True)
+class FrameSummary:
+    """What the decode needs to know of a bronze file's frames before decoding them (`decode.job.BronzeSummary`
+    per file): the xids of the transactions with Relation, Type or logical-message frames; the transactions
+    spanning more than `BIG_TXN_MIN_ROWS` rows (commit LSN, end LSN, rows: frames from Begin to Commit, plus one
+    row per relation after a TRUNCATE's first); the Insert/Update/Delete frames per relation OID."""
+
+    meta_xids: tuple[int | None, ...]
+    big: tuple[tuple[int, int, int], ...]
+    per_oid: Mapping[int, int]
+
+    def json(self) -> str:
+        return json.dumps({"v": 1, "meta_xids": list(self.meta_xids), "big": [list(b) for b in self.big],
+                           "per_oid": {str(k): v for k, v in self.per_oid.items()},
+                           "big_min_rows": BIG_TXN_MIN_ROWS}, separators=(",", ":"))
+
+    @classmethod
+    def parse(cls, text: str | bytes | None) -> FrameSummary | None:
+        """The summary of `json()`; None when absent or of another version or threshold (then not used)."""
+        if not text:
+            return None
+        d = json.loads(text)
+        if d.get("v") != 1 or d.get("big_min_rows") != BIG_TXN_MIN_ROWS:
+            return None
+        return cls(meta_xids=tuple(d["meta_xids"]), big=tuple((int(c), int(e), int(r)) for c, e, r in d["big"]),
+                   per_oid={int(k): int(v) for k, v in d["per_oid"].items()})
+
+
+def read_frame_summary(path: str) -> FrameSummary | None:
+    """The frame summary in the footer of the local bronze file `path`, None when it has none."""
+    import pyarrow.parquet as pq
+
+    meta = pq.read_metadata(path).metadata or {}
+    return FrameSummary.parse(meta.get(META_FRAMES.encode()))
 
 
 @dataclass(frozen=True)

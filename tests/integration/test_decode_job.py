@@ -428,3 +428,59 @@ def test_a_replays_re_decode_is_written_by_the_tasks_and_replaces_the_table(spar
     again = decode_range(spark, cfg, "shop", None, Lsn.parse(end2), other)
     assert again.changes_written == 27 and both(other) == live
     assert _commit_info(other, 1)["engineInfo"].startswith("Apache-Spark")
+
+
+def test_the_extracts_frame_summaries_stand_in_for_the_decodes_aggregation(spark, pg_db, tmp_path, monkeypatch):
+    """Bronze files written by the extract carry their frame summary (`source/frame_summary.py`): the decode reads
+    the footers instead of aggregating the frames in Spark, and gets what the aggregation gets (catalog
+    transactions, big transactions' ends, changes per relation), so silver is the same."""
+    import psycopg
+
+    import slotlake.decode.job as decode_job
+    from slotlake import bronze
+    from slotlake.source.extract import extract
+    from slotlake.source.preflight import run_preflight
+
+    monkeypatch.setattr(bronze, "BIG_TXN_MIN_ROWS", 30)
+    monkeypatch.setattr(decode_job, "MAX_HELD_ROWS", 80)  # transactions of more than 40 rows are big
+    cfg = parse_config({"lake": str(tmp_path / "lake"), "extract": {"batch_rows": 16, "upto_nchanges": 200},
+                        "sources": {"shop": {"dsn": pg_db, "tables": ["public.fs_a", "public.fs_b"]}}})
+    with psycopg.connect(pg_db, autocommit=True) as c:
+        c.execute("CREATE TABLE fs_a (id int PRIMARY KEY, v text)")
+        c.execute("CREATE TABLE fs_b (id int PRIMARY KEY)")
+    src = cfg.source("shop")
+    run_preflight(cfg, src)
+    with psycopg.connect(pg_db, autocommit=True) as c:
+        c.execute("SET synchronous_commit = on")
+        c.execute("INSERT INTO fs_a SELECT g, 'x' FROM generate_series(1, 10) g")
+        c.execute("INSERT INTO fs_b SELECT g FROM generate_series(1, 120) g")  # big, spans Arrow batches
+        c.execute("UPDATE fs_a SET v = 'y' WHERE id <= 4")
+        c.execute("ALTER TABLE fs_a ADD COLUMN w int")
+        c.execute("INSERT INTO fs_a VALUES (11, 'z', 7)")
+        c.execute("TRUNCATE fs_a, fs_b")
+        c.execute("INSERT INTO fs_b SELECT g FROM generate_series(1, 45) g")  # big: 47 frames
+    extract(cfg, src)
+    paths = LakePaths.of(cfg.lake, "shop")
+    todo = bronze.list_bronze(paths.root)
+    assert all(pq_meta(f.path).get(bronze.META_FRAMES.encode()) for f in todo)
+    held = decode_job.MAX_HELD_ROWS
+    from_footers = decode_job._footer_summary(todo, held)
+    from_spark = decode_job._summarize(decode_job._bronze(spark, todo), held)
+    assert from_footers is not None
+    assert sorted(from_footers.meta_txns) == sorted(from_spark.meta_txns) and from_footers.meta_txns
+    assert from_footers.big_ends == from_spark.big_ends and len(from_spark.big_ends) == 2
+    assert from_footers.changes_per_oid == from_spark.changes_per_oid
+    assert sum(from_spark.changes_per_oid.values()) == 10 + 120 + 4 + 1 + 45
+    # the decode takes the footers' summary (no aggregation of the frames) and writes every change
+    monkeypatch.setattr(decode_job, "_summarize", lambda *a: pytest.fail("the frames were aggregated in Spark"))
+    assert run_decode(spark, cfg, "shop").changes_written == 10 + 120 + 4 + 1 + 2 + 45  # TRUNCATE: one per table
+    # a file without a summary (an older extract's) has the frames aggregated again
+    monkeypatch.undo()
+    monkeypatch.setattr(bronze, "BIG_TXN_MIN_ROWS", 31)  # the footers' summaries were written under 30
+    assert decode_job._footer_summary(todo, held) is None
+
+
+def pq_meta(path: str) -> dict:
+    import pyarrow.parquet as pq
+
+    return pq.read_metadata(path).metadata or {}

@@ -21,12 +21,14 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 
+from slotlake import bronze as bronze_files
 from slotlake import contracts, delta_log, failpoints, storage
-from slotlake.bronze import BronzeFile, list_bronze
+from slotlake.bronze import BronzeFile, list_bronze, read_frame_summary
 from slotlake.catalog import (
     apply_definitions,
     drop_definition,
@@ -194,6 +196,26 @@ def _summarize(bronze, max_held_rows: int) -> BronzeSummary:
                          changes_per_oid={int.from_bytes(r["oid"], "big"): int(r["count"]) for r in got["per_oid"]})
 
 
+def _footer_summary(files: list[BronzeFile], max_held_rows: int) -> BronzeSummary | None:
+    """`_summarize`'s result from the frame summaries the extract put in the bronze files' footers
+    (`bronze.FrameSummary`), without reading a frame; None when a file has none (written before them, or by other
+    means), on an s3a lake, or when the summaries' big-transaction list is too short for `max_held_rows`: then
+    `_summarize` aggregates the frames."""
+    if bronze_files.BIG_TXN_MIN_ROWS > max_held_rows // 2 or any(storage.is_s3(f.path) for f in files):
+        return None
+    meta: list[tuple[str, int]] = []
+    big_ends: dict[int, int] = {}
+    per_oid: Counter[int] = Counter()
+    for f in files:
+        summary = read_frame_summary(f.path)
+        if summary is None or None in summary.meta_xids:
+            return None
+        meta += [(f.name, int(x)) for x in summary.meta_xids if x is not None]
+        big_ends.update({c: e for c, e, rows in summary.big if rows > max_held_rows // 2})
+        per_oid.update(summary.per_oid)
+    return BronzeSummary(meta_txns=meta, big_ends=big_ends, changes_per_oid=dict(per_oid))
+
+
 def _catalog_rows(bronze, summary: BronzeSummary) -> list[dict]:
     """The decoded Relation, Type and DDL-event rows (with their transaction's commit LSNs): the frames of the
     transactions that carry them, without their row changes, decoded in this process in stream order."""
@@ -292,7 +314,7 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
     started = time.monotonic()
     held = MAX_HELD_ROWS
     bronze = _bronze(spark, todo)
-    summary = _summarize(bronze, held)
+    summary = _footer_summary(todo, held) or _summarize(bronze, held)
     meta_rows = _catalog_rows(bronze, summary)
     added, warnings = _update_catalog(spark, paths.catalog, meta_rows, [b for b in boots if b.lsn <= end],
                                       source=source, end_lsn=end)
@@ -395,7 +417,7 @@ def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, 
     meta = CommitMeta(STAGE_DECODE, upto, {"after_lsn": str(after) if after else None}).json()
     held = MAX_HELD_ROWS
     bronze = _bronze(spark, todo) if todo else None
-    summary = _summarize(bronze, held) if bronze is not None else None
+    summary = (_footer_summary(todo, held) or _summarize(bronze, held)) if bronze is not None else None
     # A local lake: the tasks write the files and one delta-rs commit replaces the table's (as the sync's decode).
     direct = (bronze is not None and summary is not None and silver_write.writes_directly(changes_path)
               and silver_write.commit(changes_path, _write_files(bronze, summary, held, changes_path,

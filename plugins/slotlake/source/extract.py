@@ -44,6 +44,7 @@ from slotlake.errors import ExtractError, PreflightError, SlotLostError
 from slotlake.lsn import Lsn
 from slotlake.source.connection import connect, connect_bulk, resolve_dsn, scrub
 from slotlake.source.copies import publication_start
+from slotlake.source.frame_summary import FrameScan
 from slotlake.source.slot import advance_slot, current_flush_lsn, idle_slot_timeout, lost_slot_message, slot_info
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ def _parquet_writer(path: str) -> pq.ParquetWriter:
 def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, batch_rows: int) -> _Call:
     """Stream one peek call into a Parquet file at `path`, in row groups of `batch_rows`; returns what was seen."""
     call = _Call()
+    frames = FrameScan()  # the footer's frame summary, so the decode need not aggregate the frames in Spark
     writer: pq.ParquetWriter | None = None
     pending: list[pa.RecordBatch] = []
     pending_rows = 0
@@ -181,6 +183,7 @@ def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, b
             if batch.num_rows == 0:
                 continue
             ord_ = pa.array(np.arange(call.rows, call.rows + batch.num_rows, dtype=np.int64))
+            frames.add(batch.column("data"), batch.column("xid"), call.rows)
             _scan(call, batch)
             pending.append(pa.RecordBatch.from_arrays(
                 [batch.column("lsn"), batch.column("xid"), batch.column("data"), ord_], schema=SCHEMA))
@@ -200,9 +203,11 @@ def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, b
         if pending_rows:
             writer.write_table(pa.Table.from_batches(pending, schema=SCHEMA), row_group_size=batch_rows)
         end = call.end_lsn
+        summary = frames.result()
         writer.add_key_value_metadata({
             bronze.META_START: str(start), bronze.META_END: str(end) if end else "",
             bronze.META_SLOT: source.slot, bronze.META_ROWS: str(call.rows),
+            **({bronze.META_FRAMES: summary.json()} if summary is not None else {}),
         })
         writer.close()
         writer = None
