@@ -484,3 +484,81 @@ def pq_meta(path: str) -> dict:
     import pyarrow.parquet as pq
 
     return pq.read_metadata(path).metadata or {}
+
+
+def test_the_silver_files_layout_summaries_stand_in_for_the_merges_first_pass(spark, pg_db, tmp_path, monkeypatch):
+    """Silver files written by the decode's tasks carry their layout summary (`decode/layouts.py`): the merge adds
+    up the footers of a table's files instead of its Spark pass over the batch, and gets what the pass gets (per
+    column layout: changes, first and last change, TRUNCATEs, plain inserts, unchanged TOAST, newest commit time),
+    through a schema change, a TRUNCATE, unchanged TOAST values and a keyless FULL table; gold == PostgreSQL."""
+    import psycopg
+
+    import slotlake.merge.job as merge_job
+    from oracle import assert_gold_equals_pg
+    from slotlake.merge.watermarks import silver_file_stats
+    from slotlake.names import TableName
+    from slotlake.source.extract import extract
+    from slotlake.source.preflight import run_preflight
+
+    cfg = parse_config({"lake": str(tmp_path / "lake"), "extract": {"batch_rows": 16, "upto_nchanges": 40},
+                        "sources": {"shop": {"dsn": pg_db, "tables": ["public.ls_a", "public.ls_b"]}}})
+    with psycopg.connect(pg_db, autocommit=True) as c:
+        c.execute("CREATE TABLE ls_a (id int PRIMARY KEY, v text, doc text)")
+        c.execute("ALTER TABLE ls_a ALTER COLUMN doc SET STORAGE EXTERNAL")  # out of line: unchanged TOAST
+        c.execute("CREATE TABLE ls_b (id int, v text)")
+        c.execute("ALTER TABLE ls_b REPLICA IDENTITY FULL")
+    src = cfg.source("shop")
+    run_preflight(cfg, src)
+    with psycopg.connect(pg_db, autocommit=True) as c:
+        c.execute("SET synchronous_commit = on")
+        c.execute("INSERT INTO ls_a SELECT g, 'x', repeat('d', 3000) FROM generate_series(1, 30) g")
+        c.execute("INSERT INTO ls_b SELECT g % 7, 'x' FROM generate_series(1, 50) g")
+        c.execute("UPDATE ls_a SET v = 'y' WHERE id <= 10")  # doc unchanged: TOAST placeholders
+        c.execute("DELETE FROM ls_b WHERE id = 3")
+        c.execute("ALTER TABLE ls_a ADD COLUMN w int")
+        c.execute("INSERT INTO ls_a VALUES (31, 'z', 'short', 7)")
+        c.execute("UPDATE ls_a SET w = 1 WHERE id BETWEEN 5 AND 12")
+        c.execute("TRUNCATE ls_b")
+        c.execute("INSERT INTO ls_b SELECT g % 5, 'w' FROM generate_series(1, 20) g")
+    extract(cfg, src)
+    assert run_decode(spark, cfg, "shop").changes_written > 0
+    paths = LakePaths.of(cfg.lake, "shop")
+    files = silver_file_stats(paths.changes)
+    assert files is not None
+    end = decode_watermark(spark, paths.changes, "shop")
+    for name in ("ls_a", "ls_b"):
+        table = TableName("public", name)
+        from_footers = merge_job._footer_groups(paths.changes, files, table, None, end)
+        batch = silver_rows_df(spark, paths.changes, name, end)
+        from_spark = merge_job._spark_groups(batch)
+        assert from_footers is not None
+        assert sorted(from_footers, key=repr) == sorted(from_spark, key=repr)
+        assert sum(g.n for g in from_spark) == batch.count()
+    a = {g.shape_map["columns"] if g.shape else None: g for g in merge_job._footer_groups(
+        paths.changes, files, TableName("public", "ls_a"), None, end)}
+    assert set(a) == {("id", "v", "doc"), ("id", "v", "doc", "w")} and a[("id", "v", "doc")].toast == 10
+    b = merge_job._footer_groups(paths.changes, files, TableName("public", "ls_b"), None, end)
+    assert sum(g.truncs for g in b) == 1
+    # a window a file straddles (its end inside the file) is left to the Spark pass
+    spans = [f for f in files if f.only_table() == TableName("public", "ls_a") and f.commit_lsn_min < f.commit_lsn_max]
+    assert spans, "no silver file of ls_a spans two commits"
+    cut = Lsn(spans[0].commit_lsn_min)
+    assert merge_job._footer_groups(paths.changes, files, TableName("public", "ls_a"), None, cut) is None
+    # the merge takes the footers (no Spark pass) and gold equals PostgreSQL
+    monkeypatch.setattr(merge_job, "_spark_groups", lambda *a: pytest.fail("the merge counted the batch in Spark"))
+    from slotlake.merge.job import run_merge
+
+    report = run_merge(spark, cfg, "shop")
+    assert {t.table_name: t.changes for t in report.tables} == {
+        "ls_a": sum(g.n for g in a.values()), "ls_b": sum(g.n for g in b)}
+    for name in ("ls_a", "ls_b"):
+        assert_gold_equals_pg(spark, paths.gold("public", name), pg_db, f"public.{name}")
+        assert_gold_equals_pg(None, paths.gold("public", name), pg_db, f"public.{name}", reader="delta-rs")
+
+
+def silver_rows_df(spark, changes: str, table: str, end):
+    from pyspark.sql import functions as F
+
+    return (spark.read.format("delta").load(changes)
+            .where((F.col("schema_name") == "public") & (F.col("table_name") == table)
+                   & (F.col("commit_lsn") <= int(end))))

@@ -21,7 +21,7 @@ from pyspark.sql.types import (
 
 from slotlake.contracts import type_tree
 from slotlake.decode.types import ArrayLiteralError, NumericTypmod, gold_type, parse_array_literal
-from slotlake.merge.typed_values import spark_type
+from slotlake.merge.typed_values import always_exact, spark_type
 
 pytestmark = pytest.mark.unit
 
@@ -111,3 +111,17 @@ def test_parse_array_literal(text, want):
 def test_parse_array_literal_rejects(text):
     with pytest.raises(ArrayLiteralError):
         parse_array_literal(text)
+
+
+def test_the_types_whose_every_value_gold_holds_exactly():
+    """The merge skips its count of bad values when every column is of such a type: integers, booleans and the
+    types gold keeps as text; never a type whose text can fail (floats' forms, numeric ranges, dates, arrays)."""
+    int2, int4, int8, oid, boolean, text, varchar, bpchar, uuid, jsonb = 21, 23, 20, 26, 16, 25, 1043, 1042, 2950, 3802
+    for t in (int2, int4, int8, oid, boolean, text, varchar, bpchar, uuid, jsonb):
+        assert always_exact(t, -1), t
+    float4, float8, num, bytea, date, ts, tstz, int4_array, text_array = 700, 701, 1700, 17, 1082, 1114, 1184, 1007, 1009
+    for t in (float4, float8, bytea, date, ts, tstz, int4_array, text_array):
+        assert not always_exact(t, -1), t
+    assert not always_exact(num, numeric(10, 2)) and not always_exact(num, -1)
+    assert always_exact(num, -1, "string")  # numeric.unconstrained: string keeps the text
+    assert always_exact(num, numeric(60, 2))  # over 38 digits: text

@@ -21,6 +21,7 @@ from typing import Any
 
 from slotlake import contracts, storage
 from slotlake.decode.decoded import KIND_CHANGE
+from slotlake.decode.layouts import META_LAYOUTS, LayoutScan
 
 FILES: contracts.Columns = (("path", "string"), ("size", "long"), ("rows", "long"), ("stats", "string"))
 """What each task returns per file it wrote (`path` relative to the table; `stats` Delta's statistics JSON)."""
@@ -61,12 +62,14 @@ class _OpenFile:
         self.lo: dict[str, Any] = {}
         self.hi: dict[str, Any] = {}
         self.nulls: dict[str, int] = {}
+        self.layouts = LayoutScan()
 
     def write(self, table: Any) -> None:
         import pyarrow.compute as pc
 
         self.writer.write_table(table)
         self.rows += table.num_rows
+        self.layouts.add(table)
         for name, _ in contracts.SILVER[:contracts.SILVER_STATS_COLUMNS]:
             col = table.column(name)
             self.nulls[name] = self.nulls.get(name, 0) + col.null_count
@@ -76,6 +79,9 @@ class _OpenFile:
                 self.hi[name] = mm["max"] if name not in self.hi else max(self.hi[name], mm["max"])
 
     def close(self) -> dict[str, Any]:
+        summary = self.layouts.summary()
+        if summary is not None:  # what the merge's first pass would count of this file (decode/layouts.py)
+            self.writer.add_key_value_metadata({META_LAYOUTS: summary.json()})
         self.writer.close()
         stats = {"numRecords": self.rows, "minValues": {k: _stat(v) for k, v in self.lo.items()},
                  "maxValues": {k: _stat(v) for k, v in self.hi.items()}, "nullCount": self.nulls}

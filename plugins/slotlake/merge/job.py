@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -35,12 +35,14 @@ from slotlake import contracts, delta_log, failpoints
 from slotlake.catalog import CatalogVersion
 from slotlake.config import Config, SourceConfig
 from slotlake.contracts import STAGE_RUNS as RUNS_STAGE
+from slotlake.decode.layouts import SHAPE_FIELDS, LayoutGroup
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.merge import lineage
 from slotlake.merge.evolution import Evolution, plan_evolution
 from slotlake.merge.evolve_job import (
+    Layout,
     TableDefinitions,
     evolve_gold,
     gold_at_watermark,
@@ -68,10 +70,11 @@ from slotlake.merge.plan import (
     schema_mismatch,
     stage_metadata,
 )
-from slotlake.merge.silver_stats import SilverFileStats, has_changes, tables_in_window
+from slotlake.merge.silver_stats import SilverFileStats, files_of, has_changes, tables_in_window
+from slotlake.merge.typed_values import always_exact
 from slotlake.merge.typing_job import ensure_quarantine, ensure_table, has_bad_value, quarantine_bad_values
 from slotlake.merge.visibility_job import not_seen_by_copy
-from slotlake.merge.watermarks import delta_state, runs_tables_at, silver_file_stats
+from slotlake.merge.watermarks import delta_state, runs_tables_at, silver_file_stats, silver_layouts
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
 from slotlake.source.visibility import CopySnapshot
@@ -82,6 +85,7 @@ log = logging.getLogger(__name__)
 
 RUNS_SCHEMA = contracts.RUNS
 _MAX_PARALLEL_TABLES = 8
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -338,31 +342,22 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     copied = _copy_snapshot(session, gold) if exists else None
     if copied is not None:
         batch = batch.where(not_seen_by_copy(copied))
-    # One pass over the batch: per column layout (NULL for TRUNCATE rows) its span and counts.
-    groups = batch.groupBy(F.when(F.col("op") != "T", shape_col()).alias("shape")).agg(
-        F.count(F.lit(1)).alias("n"),
-        F.min(lineage.change_number()).alias("lo"), F.max(lineage.change_number()).alias("hi"),
-        F.count(F.when(F.col("op") == "T", 1)).alias("truncs"),
-        # plain inserts (no unchanged TOAST): when every change is one, the write may be an append (_append_rows)
-        F.count(F.when((F.col("op") == "I") & (F.coalesce(F.size("unchanged"), F.lit(0)) <= 0), 1)).alias("plain"),
-        # changes with unchanged TOAST: only they need gold's rows to fill values (_keyed_final's seeds)
-        F.count(F.when(F.coalesce(F.size("unchanged"), F.lit(0)) > 0, 1)).alias("toast"),
-        F.max("commit_ts").alias("last_ts"),
-    ).collect()
-    n = sum(int(g["n"]) for g in groups)
+    # Per column layout (none for TRUNCATE rows) its span and counts: added up from the silver files' footers when
+    # the table's files lie wholly in the window (decode/layouts.py), else one Spark pass over the batch.
+    groups = _footer_groups(changes_path, files, TableName(schema, table), mark, end) if copied is None else None
+    if groups is None:
+        groups = _spark_groups(batch)
+    n = sum(g.n for g in groups)
     if n == 0:
         return TableMergeResult(schema, table, 0, state.version)
-    last_ts = max((g["last_ts"] for g in groups if g["last_ts"] is not None), default=None)
-    # Spark returns naive datetimes in this process's local time (and reads naive ones back the same way).
-    last_commit_ts = last_ts.astimezone(UTC) if last_ts is not None else None
+    last_commit_ts = max((g.last_ts for g in groups if g.last_ts is not None), default=None)
     trunc = None
-    if any(int(g["truncs"]) for g in groups):  # rare: the last TRUNCATE from its own rows only
+    if any(g.truncs for g in groups):  # rare: the last TRUNCATE from its own rows only
         last = batch.where(F.col("op") == "T").agg(F.max(F.struct("commit_lsn", "seq", "commit_ts"))).collect()[0][0]
         trunc = _Truncate(*last)
-    plain = sum(int(g["plain"]) for g in groups)  # plain inserts of the batch
-    toast = sum(int(g["toast"]) for g in groups)
-    layouts = layouts_of(batch, [(g["shape"], lineage.change_of(g["lo"]), lineage.change_of(g["hi"]))
-                                 for g in groups if g["shape"] is not None])
+    plain = sum(g.plain for g in groups)  # plain inserts of the batch
+    toast = sum(g.toast for g in groups)
+    layouts = layouts_of(batch, [(g.shape_map, g.lo, g.hi) for g in groups if g.shape is not None])
     evo: Evolution | None = None
     schema_changes: list[str] = []
     if not layouts:  # only TRUNCATE in the batch
@@ -413,10 +408,17 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         # A batch that may be an append also counts, in the same pass, what `_append_rows` decides it by.
         keyed = plan.strategy is KeyStrategy.KEYED
         may_append = trunc is None and (plain == n or plan.strategy is KeyStrategy.INSERT_ONLY)
-        checks = typed.agg(F.count(F.when(has_bad_value(plan), 1)).alias("bad"),
-                           F.count(F.when(lineage.key_changed(plan), 1) if keyed else F.lit(None)).alias("moved"),
-                           F.count(F.when(F.col("op").isin("U", "D"), 1)).alias("ud"),
-                           *(_append_aggs(plan, typed) if may_append else [])).collect()[0]
+        checks: Row | dict[str, int]
+        if trunc is None and not may_append and (not keyed or not sum(g.old_updates for g in groups)) \
+                and _exact_types(evo, layouts, numeric):
+            # Known without the pass: no value can be bad (`always_exact` types), no key can change (no update
+            # carries an old tuple), and the layout counts hold the updates and deletes.
+            checks = {"bad": 0, "moved": 0, "ud": sum(g.ud for g in groups)}
+        else:
+            checks = typed.agg(F.count(F.when(has_bad_value(plan), 1)).alias("bad"),
+                               F.count(F.when(lineage.key_changed(plan), 1) if keyed else F.lit(None)).alias("moved"),
+                               F.count(F.when(F.col("op").isin("U", "D"), 1)).alias("ud"),
+                               *(_append_aggs(plan, typed) if may_append else [])).collect()[0]
         quarantined = quarantine_bad_values(session, src, paths, plan, typed, end, bad_rows=int(checks["bad"]))
         if may_append:
             append_df = _append_rows(session, plan, typed, gold, checks)
@@ -456,6 +458,54 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     log.info("merged %s: %d change(s) up to %s -> gold version %s (+%d ~%d -%d rows, %d quarantined)",
              name, n, end, version, result.rows_inserted, result.rows_updated, result.rows_deleted, quarantined)
     return result
+
+
+def _exact_types(evo: Evolution, layouts: Sequence[Layout], numeric: Callable[[str], str]) -> bool:
+    """Whether every column of every layout of the batch is typed without a possible bad value (`always_exact`,
+    as `typed_layouts` types it)."""
+    return all(always_exact(shape.type_oids[p], shape.typmods[p], numeric(shape.columns[p]))
+               for ((_, shape), positions) in zip(layouts, evo.positions, strict=True)
+               for p in positions if p is not None)
+
+
+def _spark_groups(batch: DataFrame) -> list[LayoutGroup]:
+    """One pass over the batch: per column layout (none for TRUNCATE rows) what `LayoutGroup` holds."""
+    rows = batch.groupBy(F.when(F.col("op") != "T", shape_col()).alias("shape")).agg(
+        F.count(F.lit(1)).alias("n"),
+        F.min(lineage.change_number()).alias("lo"), F.max(lineage.change_number()).alias("hi"),
+        F.count(F.when(F.col("op") == "T", 1)).alias("truncs"),
+        # plain inserts (no unchanged TOAST): when every change is one, the write may be an append (_append_rows)
+        F.count(F.when((F.col("op") == "I") & (F.coalesce(F.size("unchanged"), F.lit(0)) <= 0), 1)).alias("plain"),
+        # changes with unchanged TOAST: only they need gold's rows to fill values (_keyed_final's seeds)
+        F.count(F.when(F.coalesce(F.size("unchanged"), F.lit(0)) > 0, 1)).alias("toast"),
+        F.max("commit_ts").alias("last_ts"),
+        F.count(F.when(F.col("op").isin("U", "D"), 1)).alias("ud"),
+        # updates with an old tuple: only they can change a key
+        F.count(F.when((F.col("op") == "U") & F.col("old").isNotNull(), 1)).alias("old_u"),
+    ).collect()
+
+    def us(ts: datetime | None) -> int | None:
+        # Spark returns naive datetimes in this process's local time (and reads naive ones back the same way).
+        return None if ts is None else (ts.astimezone(UTC) - _EPOCH) // timedelta(microseconds=1)
+
+    return [LayoutGroup(None if r["shape"] is None else tuple(tuple(v) if isinstance(v, list) else v
+                                                              for v in (r["shape"][f] for f in SHAPE_FIELDS)),
+                        int(r["n"]), lineage.change_of(r["lo"]) if r["lo"] is not None else None,
+                        lineage.change_of(r["hi"]) if r["hi"] is not None else None,
+                        int(r["truncs"]), int(r["plain"]), int(r["toast"]), us(r["last_ts"]), int(r["ud"]),
+                        int(r["old_u"])) for r in rows]
+
+
+def _footer_groups(changes_path: str, files: Sequence[SilverFileStats] | None, table: TableName, mark: Lsn | None,
+                   end: Lsn) -> list[LayoutGroup] | None:
+    """`_spark_groups`' answer from the layout summaries of the table's silver files, when every file holding the
+    table's changes in (mark, end] lies wholly in that window and has one; else None."""
+    if files is None:
+        return None
+    chosen = files_of(files, table, int(mark) if mark is not None else None, int(end))
+    if not chosen:
+        return None
+    return silver_layouts(changes_path, chosen)
 
 
 def _dropped_tables(spark: SparkSession, paths: LakePaths, end: Lsn) -> tuple[str, ...]:
@@ -519,7 +569,8 @@ def _append_aggs(plan: TablePlan, typed: DataFrame) -> list:
     return aggs
 
 
-def _append_rows(session: SparkSession, plan: TablePlan, typed: DataFrame, gold: str, r: Row) -> DataFrame | None:
+def _append_rows(session: SparkSession, plan: TablePlan, typed: DataFrame, gold: str,
+                 r: Row | dict[str, int]) -> DataFrame | None:
     """The batch as gold rows to append, when appending them is exactly what the MERGE would do; else None.
 
     The caller has checked that the batch holds no TRUNCATE and only plain inserts (NOTHING tables: only the

@@ -31,6 +31,9 @@ class SilverFileStats:
     table_max: str | None
     commit_lsn_min: int | None
     commit_end_lsn_max: int | None
+    path: str | None = None  # relative to the table, as the Delta log names it
+    commit_lsn_max: int | None = None
+    commit_end_lsn_min: int | None = None
 
     def in_window(self, after: int | None, upto: int) -> bool:
         """Whether the file may hold a change with `commit_end_lsn > after` (None: no lower bound) and
@@ -38,6 +41,12 @@ class SilverFileStats:
         if self.commit_lsn_min is not None and self.commit_lsn_min > upto:
             return False
         return after is None or self.commit_end_lsn_max is None or self.commit_end_lsn_max > after
+
+    def inside(self, after: int | None, upto: int) -> bool:
+        """Whether every row of the file lies in the window (`in_window`'s), so all of it is read."""
+        if self.commit_lsn_max is None or self.commit_lsn_max > upto:
+            return False
+        return after is None or (self.commit_end_lsn_min is not None and self.commit_end_lsn_min > after)
 
     def may_hold(self, table: TableName) -> bool:
         """Whether the file may hold rows of `table`."""
@@ -85,3 +94,17 @@ def tables_in_window(files: Iterable[SilverFileStats], after: int | None, upto: 
             return None
         found.add(only)
     return found
+
+
+def files_of(files: Iterable[SilverFileStats], table: TableName, after: int | None, upto: int) -> list[str] | None:
+    """The paths of the files holding `table`'s changes in (after, upto], when each of them holds that table only
+    and lies wholly inside the window (so their layout summaries add up to the window's, decode/layouts.py); None
+    when one does not, or has no path."""
+    out: list[str] = []
+    for f in files:
+        if not (f.in_window(after, upto) and f.may_hold(table)):
+            continue
+        if f.path is None or f.only_table() != table or not f.inside(after, upto):
+            return None
+        out.append(f.path)
+    return out

@@ -106,6 +106,21 @@ def _scalar_value(text: Column, type_oid: int, typmod: int, unconstrained_numeri
     raise AssertionError(f"no conversion for type {type_oid}")  # spark_type and this function disagree
 
 
+def always_exact(type_oid: int, typmod: int, unconstrained_numeric: str = DECIMAL) -> bool:
+    """Whether `typed_value` gives a null reason for every text PostgreSQL prints for the type: integers (their
+    output always fits the gold integer of the same width), booleans ('t'/'f'), and the types gold keeps as text.
+    A batch whose columns are all such needs no count of bad values."""
+    if type_oid in ARRAY_ELEMENT:
+        return False
+    if type_oid in INTS or type_oid == BOOL:
+        return True
+    if type_oid == NUMERIC:
+        return numeric_as_text(typmod, unconstrained_numeric)
+    if type_oid in (FLOAT4, FLOAT8, BYTEA, DATE, TIMESTAMP, TIMESTAMPTZ):
+        return False
+    return isinstance(spark_type(type_oid, typmod, unconstrained_numeric), StringType)
+
+
 _PARSED = StructType([StructField("items", ArrayType(StringType())), StructField("error", StringType())])
 
 

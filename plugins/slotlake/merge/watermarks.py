@@ -6,11 +6,15 @@ silver's file statistics (`silver_file_stats`), read with delta-rs.
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from pyspark.sql import SparkSession
 
 from slotlake import delta_log, storage
+from slotlake.decode.layouts import LayoutGroup, combine, read_layout_summary
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import (
     newest_watermark,
@@ -101,7 +105,31 @@ def silver_file_stats(path: str) -> tuple[SilverFileStats, ...] | None:
 
     return tuple(SilverFileStats(*row) for row in zip(
         column("min.schema_name"), column("max.schema_name"), column("min.table_name"), column("max.table_name"),
-        column("min.commit_lsn"), column("max.commit_end_lsn"), strict=True))
+        column("min.commit_lsn"), column("max.commit_end_lsn"), column("path"), column("max.commit_lsn"),
+        column("min.commit_end_lsn"), strict=True))
+
+
+def silver_layouts(changes_path: str, files: Sequence[str]) -> list[LayoutGroup] | None:
+    """The layout summaries (decode/layouts.py) in the footers of silver's `files` (paths relative to the table
+    on a local lake), added up per layout; None when one has none or cannot be read, or the lake is not local
+    (the caller runs its Spark pass)."""
+    import pyarrow.parquet as pq
+
+    if storage.is_s3(changes_path) or not delta_log.readable(changes_path):
+        return None
+    root = storage.local_path(changes_path)
+    groups: list[LayoutGroup] = []
+    try:
+        for rel in files:
+            summary = read_layout_summary(pq.read_metadata(os.path.join(root, unquote(rel))).metadata)
+            if summary is None:
+                return None
+            groups.extend(summary.groups)
+    except OSError as e:
+        log.info("silver layout summaries not read from %s (%s); the merge counts with Spark", changes_path,
+                 error_summary(e))
+        return None
+    return combine(groups)
 
 
 def runs_tables_at(runs_path: str, end: Lsn) -> set[tuple[str, str]] | None:
