@@ -119,7 +119,8 @@ def test_the_types_whose_every_value_gold_holds_exactly():
     int2, int4, int8, oid, boolean, text, varchar, bpchar, uuid, jsonb = 21, 23, 20, 26, 16, 25, 1043, 1042, 2950, 3802
     for t in (int2, int4, int8, oid, boolean, text, varchar, bpchar, uuid, jsonb):
         assert always_exact(t, -1), t
-    float4, float8, num, bytea, date, ts, tstz, int4_array, text_array = 700, 701, 1700, 17, 1082, 1114, 1184, 1007, 1009
+    float4, float8, num, bytea, date, ts, tstz = 700, 701, 1700, 17, 1082, 1114, 1184
+    int4_array, text_array = 1007, 1009
     for t in (float4, float8, bytea, date, ts, tstz, int4_array, text_array):
         assert not always_exact(t, -1), t
     assert not always_exact(num, numeric(10, 2)) and not always_exact(num, -1)
