@@ -63,11 +63,25 @@ class LayoutGroup:
                            self.old_updates + other.old_updates)
 
 
+def shape_of(values: Iterable[Any]) -> Shape:
+    """A layout's `SHAPE_FIELDS` values (lists, as Arrow, JSON and Spark give them) as a hashable Shape."""
+    return tuple(tuple(v) if isinstance(v, list) else v for v in values)
+
+
+def micros(ts: dt.datetime) -> int:
+    """An aware time stamp as microseconds since the Unix epoch (`LayoutGroup.last_ts_us`)."""
+    return (ts - _EPOCH) // dt.timedelta(microseconds=1)
+
+
+def _add_up(into: dict[Shape | None, LayoutGroup], groups: Iterable[LayoutGroup]) -> None:
+    for g in groups:
+        into[g.shape] = into[g.shape].plus(g) if g.shape in into else g
+
+
 def combine(groups: Iterable[LayoutGroup]) -> list[LayoutGroup]:
     """Groups of the same layout added up (several files' summaries: one group per layout)."""
     out: dict[Shape | None, LayoutGroup] = {}
-    for g in groups:
-        out[g.shape] = out[g.shape].plus(g) if g.shape in out else g
+    _add_up(out, groups)
     return list(out.values())
 
 
@@ -93,7 +107,7 @@ class LayoutSummary:
             if d.get("v") != VERSION:
                 return None
             return LayoutSummary(tuple(LayoutGroup(
-                None if g["shape"] is None else tuple(tuple(x) if isinstance(x, list) else x for x in g["shape"]),
+                None if g["shape"] is None else shape_of(g["shape"]),
                 int(g["n"]), tuple(g["lo"]) if g["lo"] is not None else None,
                 tuple(g["hi"]) if g["hi"] is not None else None, int(g["truncs"]), int(g["plain"]),
                 int(g["toast"]), g["last_ts_us"], int(g["ud"]), int(g["old_u"])) for g in d["groups"]))
@@ -118,8 +132,7 @@ class LayoutScan:
         if self._failed or not table.num_rows:
             return
         try:
-            for g in _count(table):
-                self._groups[g.shape] = self._groups[g.shape].plus(g) if g.shape in self._groups else g
+            _add_up(self._groups, _count(table))
         except Exception:  # noqa: BLE001 - a summary is an optimisation: without it the merge asks Spark
             self._failed = True
 
@@ -144,21 +157,17 @@ def _count(table: Any) -> list[LayoutGroup]:
             return out
     shape_cols = [table.column(f).combine_chunks() for f in SHAPE_FIELDS]
     if all(_uniform(c) for c in shape_cols):
-        first = tuple(_value(c[0].as_py()) for c in shape_cols)
+        first = shape_of(c[0].as_py() for c in shape_cols)
         out.append(_group(first, table))
         return out
     # Several layouts in one file (a schema change inside it): rare, counted row by row.
-    keys = list(zip(*[[_value(v) for v in c.to_pylist()] for c in shape_cols], strict=True))
+    keys = [shape_of(row) for row in zip(*[c.to_pylist() for c in shape_cols], strict=True)]
     index: dict[Shape, list[int]] = {}
     for i, k in enumerate(keys):
         index.setdefault(k, []).append(i)
     for k, rows in index.items():
         out.append(_group(k, table.take(np.asarray(rows, dtype=np.int64))))
     return out
-
-
-def _value(v: Any) -> Any:
-    return tuple(v) if isinstance(v, list) else v
 
 
 def _uniform(col: Any) -> bool:

@@ -14,6 +14,7 @@ from pyspark.sql.types import StructField, StructType
 
 from slotlake import delta_log
 from slotlake.config import SchemaChanges
+from slotlake.decode.layouts import SHAPE_FIELDS
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
@@ -43,7 +44,7 @@ def _shape_of(schema: str, table: str, s) -> TableShape:
 
 
 def shape_col() -> Column:
-    return F.struct("schema_name", "table_name", "columns", "type_oids", "typmods", "key_columns", "replica_identity")
+    return F.struct(*SHAPE_FIELDS)
 
 
 def layouts_of(batch: DataFrame, spans: list) -> list[Layout]:

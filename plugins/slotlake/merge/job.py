@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from functools import partial
 
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -35,7 +35,7 @@ from slotlake import contracts, delta_log, failpoints
 from slotlake.catalog import CatalogVersion
 from slotlake.config import Config, SourceConfig
 from slotlake.contracts import STAGE_RUNS as RUNS_STAGE
-from slotlake.decode.layouts import SHAPE_FIELDS, LayoutGroup
+from slotlake.decode.layouts import SHAPE_FIELDS, LayoutGroup, micros, shape_of
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
@@ -85,7 +85,6 @@ log = logging.getLogger(__name__)
 
 RUNS_SCHEMA = contracts.RUNS
 _MAX_PARALLEL_TABLES = 8
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -484,15 +483,12 @@ def _spark_groups(batch: DataFrame) -> list[LayoutGroup]:
         F.count(F.when((F.col("op") == "U") & F.col("old").isNotNull(), 1)).alias("old_u"),
     ).collect()
 
-    def us(ts: datetime | None) -> int | None:
-        # Spark returns naive datetimes in this process's local time (and reads naive ones back the same way).
-        return None if ts is None else (ts.astimezone(UTC) - _EPOCH) // timedelta(microseconds=1)
-
-    return [LayoutGroup(None if r["shape"] is None else tuple(tuple(v) if isinstance(v, list) else v
-                                                              for v in (r["shape"][f] for f in SHAPE_FIELDS)),
+    # Spark returns naive datetimes in this process's local time (and reads naive ones back the same way).
+    return [LayoutGroup(None if r["shape"] is None else shape_of(r["shape"][f] for f in SHAPE_FIELDS),
                         int(r["n"]), lineage.change_of(r["lo"]) if r["lo"] is not None else None,
                         lineage.change_of(r["hi"]) if r["hi"] is not None else None,
-                        int(r["truncs"]), int(r["plain"]), int(r["toast"]), us(r["last_ts"]), int(r["ud"]),
+                        int(r["truncs"]), int(r["plain"]), int(r["toast"]),
+                        micros(r["last_ts"].astimezone(UTC)) if r["last_ts"] is not None else None, int(r["ud"]),
                         int(r["old_u"])) for r in rows]
 
 
