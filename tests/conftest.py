@@ -19,6 +19,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "plugins"))
 sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 
+# Every JVM the tests start reads the suite's Spark settings (tests/spark-conf/spark-defaults.conf: interpreted
+# expressions for tables of a few rows); set before any Spark session, server or spark-submit exists.
+TEST_SPARK_CONF = str(ROOT / "tests" / "spark-conf")
+os.environ.setdefault("SPARK_CONF_DIR", TEST_SPARK_CONF)
+
 from slotlake.config import SPARK_SERVER_ENV  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres, bindir_major, pg_bindir  # noqa: E402
 
@@ -204,7 +209,17 @@ def _warm_spark(request):
     per run (the production path of `spark.server`; a config's own `spark.server` still wins). The spark-submit
     path keeps its own tests (`@pytest.mark.spark_submit`, see `uses_warm_spark`)."""
     if not uses_warm_spark(request.node):
-        yield
+        if request.node.get_closest_marker("spark_submit") is None:
+            yield
+            return
+        # spark-submit's own tests run Spark as production does: codegen on (no test spark-defaults.conf)
+        mp = pytest.MonkeyPatch()
+        if os.environ.get("SPARK_CONF_DIR") == TEST_SPARK_CONF:
+            mp.delenv("SPARK_CONF_DIR")
+        try:
+            yield
+        finally:
+            mp.undo()
         return
     address = request.getfixturevalue("warm_spark_server")
     mp = pytest.MonkeyPatch()
