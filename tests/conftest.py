@@ -209,10 +209,10 @@ def _warm_spark(request):
     per run (the production path of `spark.server`; a config's own `spark.server` still wins). The spark-submit
     path keeps its own tests (`@pytest.mark.spark_submit`, see `uses_warm_spark`)."""
     if not uses_warm_spark(request.node):
-        if request.node.get_closest_marker("spark_submit") is None:
+        if request.node.get_closest_marker("spark_codegen") is None:
             yield
             return
-        # spark-submit's own tests run Spark as production does: codegen on (no test spark-defaults.conf)
+        # Spark as production runs it: codegen on (no test spark-defaults.conf) in the JVMs this test starts
         mp = pytest.MonkeyPatch()
         if os.environ.get("SPARK_CONF_DIR") == TEST_SPARK_CONF:
             mp.delenv("SPARK_CONF_DIR")

@@ -44,6 +44,7 @@ def run_sql(dsn: str, statements: list[str]) -> None:
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.spark_submit  # the CLI's own path: a spark-submit per app (the other tests use a warm server)
+@pytest.mark.spark_codegen  # and Spark's whole-stage codegen, as in production (the suite runs it interpreted)
 def test_sync_twice_then_status_gold_equals_postgres(pg_db, tmp_path):
     run_sql(pg_db, [SCHEMA])
     cfg_path = write_config(tmp_path / "slotlake.yaml", pg_db)
