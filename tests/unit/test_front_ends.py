@@ -17,7 +17,14 @@ from slotlake.lsn import Lsn
 from slotlake.pipeline import plain
 from slotlake.spark.code import code_zip
 from slotlake.spark.session import spark_conf
-from slotlake.spark.submit import failure_line, is_local_master, on_master, spark_app, spark_submit_command
+from slotlake.spark.submit import (
+    SUBMIT_DRIVER_JAVA_OPTIONS,
+    failure_line,
+    is_local_master,
+    on_master,
+    spark_app,
+    spark_submit_command,
+)
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,14 +55,18 @@ def test_local_command_has_master_jars_app_and_args_and_no_py_files():
     confs = dict(c.split("=", 1) for c in cmd[cmd.index("--conf") + 1::2][: len(app.conf)])
     assert "delta-spark" in confs["spark.jars"] and "spark.master" not in confs
     assert app.env["SLOTLAKE_UNDER_SPARK_SUBMIT"] == "1" and app.env["PYSPARK_PYTHON"] == sys.executable
+    # the app's driver JVM lives one run: C1 only; a long-lived session (spark-server, in-process) keeps the JIT
+    assert confs["spark.driver.extraJavaOptions"] == SUBMIT_DRIVER_JAVA_OPTIONS == "-XX:TieredStopAtLevel=1"
+    assert "spark.driver.extraJavaOptions" not in spark_conf("local[2]")
 
 
 def test_user_conf_overrides_and_cluster_master_ships_code(tmp_path, monkeypatch):
     monkeypatch.setenv("SLOTLAKE_WORK_DIR", str(tmp_path))
-    app = spark_app(config("spark://m:7077", {"spark.executor.memory": "3g", "spark.log.level": "INFO"}), "shop",
-                    "decode")
+    app = spark_app(config("spark://m:7077", {"spark.executor.memory": "3g", "spark.log.level": "INFO",
+                                              "spark.driver.extraJavaOptions": "-Xss4m"}), "shop", "decode")
     cmd = spark_submit_command(app)
     assert "spark.executor.memory=3g" in cmd and "spark.log.level=INFO" in cmd
+    assert "spark.driver.extraJavaOptions=-Xss4m" in cmd and f"={SUBMIT_DRIVER_JAVA_OPTIONS}" not in " ".join(cmd)
     zip_path = cmd[cmd.index("--py-files") + 1]
     names = zipfile.ZipFile(zip_path).namelist()
     assert "slotlake/pipeline.py" in names and "slotlake/spark/submit.py" in names

@@ -31,6 +31,12 @@ log = logging.getLogger(__name__)
 Stage = Literal["decode", "merge", "sync", "snapshot", "replay", "recover"]
 APPS_DIR = PACKAGE_DIR / "spark_apps"  # ships inside the package: an installed slotlake submits its own files
 _TAIL_LINES = 40
+# The driver JVM of a spark-submit app lives for one run (a decode, a merge): JIT with C1 only. C2's compiles of
+# Spark's and Delta's code take more CPU than they win back in a JVM this short-lived (bench/README.md "C1 for
+# spark-submit apps": a 1,000-change sync 60 -> 51 s, a 1 M-change merge 73 -> 59 s on 2 cores). Long-lived JVMs
+# (`slotlake spark-server`, an in-process session) keep the default JIT. A config's own
+# `spark.driver.extraJavaOptions` replaces this.
+SUBMIT_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ def app_conf(master: str, user_conf: Mapping[str, str] | None, storage: StorageS
     """The `--conf` settings of an app on `master` (without spark.master, which travels as --master)."""
     conf = spark_conf(master, user_conf, storage=storage)
     conf.setdefault("spark.log.level", "WARN")  # Spark's INFO start-up chatter would bury the app's own lines
+    conf.setdefault("spark.driver.extraJavaOptions", SUBMIT_DRIVER_JAVA_OPTIONS)
     if "spark.pyspark.python" in conf:
         # The executors' Python (the cluster nodes'); the driver runs here, in client mode: this venv's, which
         # spark-submit would otherwise replace with the executors' too.
