@@ -207,23 +207,14 @@ def _warm_spark(request):
     processes) finds `SLOTLAKE_SPARK_SERVER` in its environment and runs its Spark apps in this worker's
     long-lived server instead of a spark-submit each: the same app functions without a JVM start and a cold JIT
     per run (the production path of `spark.server`; a config's own `spark.server` still wins). The spark-submit
-    path keeps its own tests (`@pytest.mark.spark_submit`, see `uses_warm_spark`)."""
-    if not uses_warm_spark(request.node):
-        if request.node.get_closest_marker("spark_codegen") is None:
-            yield
-            return
-        # Spark as production runs it: codegen on (no test spark-defaults.conf) in the JVMs this test starts
-        mp = pytest.MonkeyPatch()
-        if os.environ.get("SPARK_CONF_DIR") == TEST_SPARK_CONF:
-            mp.delenv("SPARK_CONF_DIR")
-        try:
-            yield
-        finally:
-            mp.undo()
-        return
-    address = request.getfixturevalue("warm_spark_server")
+    path keeps its own tests (`@pytest.mark.spark_submit`, see `uses_warm_spark`); a test marked `spark_codegen`
+    also gets no `SPARK_CONF_DIR`, so its JVMs run Spark with production's settings, not tests/spark-conf."""
     mp = pytest.MonkeyPatch()
-    mp.setenv(SPARK_SERVER_ENV, address)
+    if uses_warm_spark(request.node):
+        mp.setenv(SPARK_SERVER_ENV, request.getfixturevalue("warm_spark_server"))
+    elif (request.node.get_closest_marker("spark_codegen") is not None
+          and os.environ.get("SPARK_CONF_DIR") == TEST_SPARK_CONF):
+        mp.delenv("SPARK_CONF_DIR")  # Spark as production runs it: codegen on in the JVMs this test starts
     try:
         yield
     finally:
