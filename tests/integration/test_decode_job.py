@@ -424,10 +424,14 @@ def test_a_replays_re_decode_is_written_by_the_tasks_and_replaces_the_table(spar
     assert first.changes_written == 20 and both(replay) == live[:20]
     # a table of another shape at the path: Spark's writer overwrites it, schema and all
     other = str(tmp_path / "other")
-    spark.createDataFrame([(1, "z")], "id int, note string").write.format("delta").save(other)
+    # (one partition: Spark leaves an empty partition's file on disk without adding it to the log)
+    spark.createDataFrame([(1, "z")], "id int, note string").coalesce(1).write.format("delta").save(other)
     again = decode_range(spark, cfg, "shop", None, Lsn.parse(end2), other)
     assert again.changes_written == 27 and both(other) == live
     assert _commit_info(other, 1)["engineInfo"].startswith("Apache-Spark")
+    # ...and the tasks wrote nothing there first: every Parquet file in the folder is one a commit added
+    added = {json.loads(ln)["add"]["path"] for v in (0, 1) for ln in _commit_lines(other, v) if '"add"' in ln}
+    assert {str(p.relative_to(other)) for p in Path(other).rglob("*.parquet")} == added
 
 
 def test_the_extracts_frame_summaries_stand_in_for_the_decodes_aggregation(spark, pg_db, tmp_path, monkeypatch):

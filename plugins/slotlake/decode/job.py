@@ -419,7 +419,7 @@ def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, 
     bronze = _bronze(spark, todo) if todo else None
     summary = (_footer_summary(todo, held) or _summarize(bronze, held)) if bronze is not None else None
     # A local lake: the tasks write the files and one delta-rs commit replaces the table's (as the sync's decode).
-    direct = (bronze is not None and summary is not None and silver_write.writes_directly(changes_path)
+    direct = (bronze is not None and summary is not None and silver_write.overwrites_directly(changes_path)
               and silver_write.commit(changes_path, _write_files(bronze, summary, held, changes_path,
                                                                  window=(after.value if after else None, upto.value)),
                                       app_id=None, version=None, user_metadata=meta,

@@ -48,6 +48,23 @@ def writes_directly(changes_path: str) -> bool:
     return not storage.is_s3(changes_path)
 
 
+def overwrites_directly(changes_path: str) -> bool:
+    """Whether a replay's re-decode can write its files itself and replace the table at `changes_path` with one
+    delta-rs commit: a local lake, and no table there or one with silver's columns (asked before any file is
+    written: another shape is rewritten by Spark's schema overwrite, and files written first would be left over)."""
+    if not writes_directly(changes_path):
+        return False
+    import pyarrow as pa
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(changes_path)
+    except TableNotFoundError:
+        return True
+    return _same_columns(pa.schema(table.schema().to_arrow()), contracts.arrow_schema(contracts.SILVER))
+
+
 class _OpenFile:
     """One Parquet file being written, with the statistics Delta keeps for silver's indexed columns."""
 
