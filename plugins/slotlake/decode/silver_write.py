@@ -54,7 +54,6 @@ def overwrites_directly(changes_path: str) -> bool:
     written: another shape is rewritten by Spark's schema overwrite, and files written first would be left over)."""
     if not writes_directly(changes_path):
         return False
-    import pyarrow as pa
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
@@ -62,7 +61,7 @@ def overwrites_directly(changes_path: str) -> bool:
         table = DeltaTable(changes_path)
     except TableNotFoundError:
         return True
-    return _same_columns(pa.schema(table.schema().to_arrow()), contracts.arrow_schema(contracts.SILVER))
+    return _holds_silver(table)
 
 
 class _OpenFile:
@@ -181,7 +180,6 @@ def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str
     False when a commit of that transaction is there already (nothing written). `overwrite`: the commit also
     removes every file the table held (a replay's own changes table, rewritten each time); False, writing nothing,
     when that table's schema is not silver's (the caller rewrites it with Spark's schema overwrite)."""
-    import pyarrow as pa
     from deltalake import DeltaTable, Schema
     from deltalake.exceptions import TableNotFoundError
     from deltalake.transaction import (
@@ -206,7 +204,7 @@ def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str
         create_table_with_add_actions(changes_path, Schema.from_arrow(silver), adds, mode="append",
                                       configuration=dict(properties), commit_properties=props)
         return True
-    if overwrite and not _same_columns(pa.schema(table.schema().to_arrow()), silver):  # arro3's, as pyarrow's
+    if overwrite and not _holds_silver(table):
         return False
     if app_id is not None:
         done = table.transaction_version(app_id)
@@ -217,6 +215,13 @@ def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str
     table.create_write_transaction(actions, mode="overwrite" if overwrite else "append", schema=table.schema(),
                                    commit_properties=props)
     return True
+
+
+def _holds_silver(table: Any) -> bool:
+    """Whether a delta-rs table has silver's columns (its schema is arro3's: read as pyarrow's)."""
+    import pyarrow as pa
+
+    return _same_columns(pa.schema(table.schema().to_arrow()), contracts.arrow_schema(contracts.SILVER))
 
 
 def _same_columns(have: Any, want: Any) -> bool:
