@@ -10,7 +10,6 @@ import sys
 import tempfile
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -330,28 +329,11 @@ def delta_readers_agree(request):
     options = marker.kwargs if marker else {}
     if options.get("skip"):
         return
-    from delta_readers import assert_delta_readers_agree, assert_delta_rs_refuses, delta_tables, reader_features
+    from delta_readers import assert_tree_readers_agree, delta_tables
 
-    tables = delta_tables(tmp)
-    if not tables:
+    if not delta_tables(tmp):
         return
     start = time.monotonic()
-    spark = _check_spark()
-    opt_in = set(options.get("opt_in", ()))
-
-    def check(path: Path) -> None:
-        features = reader_features(path) & opt_in
-        if features:
-            assert_delta_rs_refuses(path, features)
-            spark.read.format("delta").load(str(path)).count()
-        else:
-            assert_delta_readers_agree(spark, path)
-
-    # A few tables at a time: each Spark read is a handful of tiny jobs (Delta's log replay, the scan), mostly
-    # scheduling latency, so concurrent ones overlap (measured on an 11-table lake: 5.6-5.9 s one by one, 2.9-3.6 s
-    # four at a time). The first failure is reported, after every check finished.
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="delta-readers") as pool:
-        for future in [pool.submit(check, path) for path in tables]:
-            future.result()
-    log.info("delta readers: %d table(s) of %s agree (%.1fs)", len(tables), request.node.nodeid,
+    n = assert_tree_readers_agree(_check_spark(), tmp, options.get("opt_in", ()))
+    log.info("delta readers: %d table(s) of %s agree (%.1fs)", n, request.node.nodeid,
              time.monotonic() - start)

@@ -1,8 +1,8 @@
 """The end-to-end oracle: a gold Delta table must equal its PostgreSQL table, row by row.
 
-`assert_gold_equals_pg(spark_or_none, gold_path, dsn, "public.orders")` (or `'"Sales Dept"."Order Items"'`: the
+`assert_gold_equals_pg(gold_path, dsn, "public.orders")` (or `'"Sales Dept"."Order Items"'`: the
 table as PostgreSQL reads it, `slotlake.names.TableName`) reads both sides typed (PostgreSQL through
-psycopg with UTC session settings, gold through Spark's Arrow export so timestamps and decimals arrive exact),
+psycopg with UTC session settings, gold through delta-rs's Arrow tables so timestamps and decimals arrive exact),
 turns every value into a canonical text form, and compares the two rows as multisets (duplicate rows count: a
 REPLICA IDENTITY FULL table may hold identical rows). Columns the pipeline adds (`_slotlake_*`) are ignored;
 rows marked `_slotlake_deleted` (delete_mode soft) are left out. Column sets must match exactly.
@@ -141,11 +141,14 @@ def gold_rows_delta_rs(gold_path: str) -> tuple[list[str], list[dict[str, Any]]]
     return data, table.select(data).to_pylist()
 
 
-def assert_gold_equals_pg(spark: Any | None, gold_path: str, dsn: str, table: str, *,
-                          numeric_text: Collection[str] = (), reader: str = "spark") -> int:
+def assert_gold_equals_pg(gold_path: str, dsn: str, table: str, *, numeric_text: Collection[str] = (),
+                          reader: str = "delta-rs", spark: Any | None = None) -> int:
     """Assert gold == PostgreSQL for `table` (schema.table); returns the row count compared. `numeric_text`: the
     numeric columns gold must hold as PostgreSQL's exact text (numeric.unconstrained: string).
-    `reader="delta-rs"` reads gold with `deltalake` instead of Spark."""
+    Gold is read with delta-rs (`deltalake`): no Spark query per comparison. That Spark reads every Delta table the
+    same is checked once per test, at its end (tests/conftest.py `delta_readers_agree`: every table under its
+    `tmp_path`; `check_delta_readers` for lakes a module shares). `reader="spark"` reads gold with Spark instead
+    (`spark`, else a session started here): for a table delta-rs refuses on purpose (an opted-in reader feature)."""
     if reader == "delta-rs":
         gold_cols, got_rows = gold_rows_delta_rs(gold_path)
     else:

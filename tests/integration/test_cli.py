@@ -56,7 +56,7 @@ def test_sync_twice_then_status_gold_equals_postgres(pg_db, tmp_path):
     assert "sync shop: archived" in first.stdout
     for table in TABLES:
         schema, name = table.split(".")
-        assert_gold_equals_pg(None, str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
+        assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
 
     run_sql(pg_db, ROUND_2)
     second = slotlake("sync", "shop", "--json", config=cfg_path)
@@ -68,7 +68,7 @@ def test_sync_twice_then_status_gold_equals_postgres(pg_db, tmp_path):
     counts = {}
     for table in TABLES:
         schema, name = table.split(".")
-        counts[table] = assert_gold_equals_pg(None, str(tmp_path / "lake" / "shop" / "gold" / schema / name),
+        counts[table] = assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name),
                                               pg_db, table)
     assert counts == {"public.customers": 7, "public.orders": 11, "public.order_items": 3, "public.products": 3}
 

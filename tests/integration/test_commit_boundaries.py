@@ -78,6 +78,6 @@ def test_a_commit_starting_at_the_previous_runs_end_is_applied_once(pg_db, tmp_p
     extract(cfg, src)
     run_decode(spark, cfg, "shop")
     run_merge(spark, cfg, "shop")
-    assert_gold_equals_pg(spark, gold, pg_db, "public.orders")
+    assert_gold_equals_pg(gold, pg_db, "public.orders")
     assert run_merge(spark, cfg, "shop").tables[0].changes == 0  # a re-run applies nothing again
-    assert_gold_equals_pg(spark, gold, pg_db, "public.orders")
+    assert_gold_equals_pg(gold, pg_db, "public.orders")

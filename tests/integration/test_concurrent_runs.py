@@ -79,7 +79,7 @@ def assert_lake_exact(spark, dsn: str, lake_root: str) -> None:
 
     paths = LakePaths(lake_root)
     for table in TABLES:
-        assert_gold_equals_pg(spark, paths.gold(*table.split(".")), dsn, table)
+        assert_gold_equals_pg(paths.gold(*table.split(".")), dsn, table)
     files = bronze.list_bronze(lake_root)
     for before, after in zip(files, files[1:]):
         assert after.start_lsn >= before.end_lsn, f"bronze {before.name} and {after.name} overlap"

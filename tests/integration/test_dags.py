@@ -169,7 +169,7 @@ def test_sync_dag_runs_gold_equals_postgres(pg_db, airflow_home, tmp_path):
         assert "sync shop: archived" in out, f"run {run}: no report summary line"
         for table in TABLES:
             schema, name = table.split(".")
-            assert_gold_equals_pg(None, str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
+            assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
 
 
 @pytest.mark.integration
@@ -194,7 +194,7 @@ def test_sync_dag_with_nothing_new_skips_decode_and_merge(pg_db, airflow_home, t
     assert "sync shop: archived 0 messages" in second and "decode and merge skipped" in second
     for table in TABLES:
         schema, name = table.split(".")
-        assert_gold_equals_pg(None, str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
+        assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
 
 
 @pytest.mark.integration
@@ -227,5 +227,5 @@ def test_sync_dag_sends_decode_and_merge_to_the_spark_server(pg_db, airflow_home
             assert "finished on the Spark server" in out and "Spark-Submit cmd" not in out, f"run {run}:\n{out[-3000:]}"
             for table in TABLES:
                 schema, name = table.split(".")
-                assert_gold_equals_pg(None, str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
+                assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
     assert server.returncode == 0, (tmp_path / "server.log").read_text()[-3000:]  # SIGTERM: a clean stop

@@ -556,8 +556,8 @@ def test_the_silver_files_layout_summaries_stand_in_for_the_merges_first_pass(sp
     assert {t.table_name: t.changes for t in report.tables} == {
         "ls_a": sum(g.n for g in a.values()), "ls_b": sum(g.n for g in b)}
     for name in ("ls_a", "ls_b"):
-        assert_gold_equals_pg(spark, paths.gold("public", name), pg_db, f"public.{name}")
-        assert_gold_equals_pg(None, paths.gold("public", name), pg_db, f"public.{name}", reader="delta-rs")
+        assert_gold_equals_pg(paths.gold("public", name), pg_db, f"public.{name}")
+        assert_gold_equals_pg(paths.gold("public", name), pg_db, f"public.{name}")
 
 
 def silver_rows_df(spark, changes: str, table: str, end):

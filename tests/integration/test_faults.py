@@ -1,8 +1,10 @@
 """Fault tests through the real pipeline (the CLI's `slotlake sync`, real PostgreSQL and Delta; the runs that are
 killed inside a Spark app use spark-submit, the others this worker's warm Spark server).
 
-One source, the workload of tests/workload.py (several tables, updates, deletes, key changes, unchanged TOAST,
-FULL duplicates, TRUNCATE), and one crash per phase, each in the window its stage must survive:
+On the default server (Debian's PostgreSQL; tests/integration/test_e2e_workload.py runs the same workload on the
+newest, in soft mode). One source, the workload of tests/workload.py (several tables, updates, deletes, key
+changes, unchanged TOAST, FULL duplicates, TRUNCATE), and one crash per phase, each in the window its stage must
+survive:
   extract  dies after placing a bronze file, before advancing the slot    (SLOTLAKE_FAILPOINT=extract_after_write)
   decode   dies after the _catalog/_ddl_log commits, before silver's commit (decode_after_catalog, os._exit(137))
   merge    dies right after the first table's gold commit, before the other tables and _runs
@@ -69,7 +71,7 @@ def runs_rows(spark, paths: LakePaths, end: str) -> list[tuple[str, str, int | N
 def assert_lake_equals_pg(spark, paths: LakePaths, dsn: str, since: str | None) -> None:
     """Gold == PostgreSQL; tables with changes after `since` applied up to silver's end; `_runs` complete."""
     for table in workload.TABLES:
-        assert_gold_equals_pg(spark, paths.gold(*table.split(".")), dsn, table)
+        assert_gold_equals_pg(paths.gold(*table.split(".")), dsn, table)
     end = stage_end(paths.changes, "decode")
     changes = spark.read.format("delta").load(paths.changes).where(f"commit_lsn <= {Lsn.parse(end).value}")
     if since is not None:

@@ -69,14 +69,14 @@ def assert_history_as_of(spark, lake: Lake, i: int, tmp_path) -> None:
         path = _paths(lake).gold_history(schema, table)
         spark_out = str(tmp_path / f"spark_{table}_{i}")
         history_as_of(spark, path, lsn).select(*[spark_ident(c) for c in cols]).write.format("delta").save(spark_out)
-        assert_gold_equals_pg(spark, spark_out, lake.dsn, recorded)
+        assert_gold_equals_pg(spark_out, lake.dsn, recorded)
 
         rows = DeltaTable(path).to_pyarrow_table()
         at = pc.and_(pc.less_equal(rows[VALID_FROM_LSN_COL], lsn.value),
                      pc.fill_null(pc.greater(rows[VALID_TO_LSN_COL], lsn.value), True))
         rs_out = str(tmp_path / f"deltars_{table}_{i}")
         write_deltalake(rs_out, rows.filter(at).select(cols))
-        assert_gold_equals_pg(None, rs_out, lake.dsn, recorded, reader="delta-rs")
+        assert_gold_equals_pg(rs_out, lake.dsn, recorded)
 
 
 def assert_versions_consistent(spark, lake: Lake) -> None:
@@ -118,7 +118,7 @@ def test_recover_reads_history_and_needs_no_bronze(spark, hlake, tmp_path):
         assert result.from_history == tuple(TABLES)  # the history path, for every table
         for t in TABLES:
             schema, table = t.split(".")
-            assert_gold_equals_pg(spark, f"{dest}/{schema}/{table}", hlake.dsn, f"recorded.{table}_{i}")
+            assert_gold_equals_pg(f"{dest}/{schema}/{table}", hlake.dsn, f"recorded.{table}_{i}")
     result = _recover(spark, hlake, str(hlake.points[3][0]), hlake.dsn, into_schema="hist_3")
     assert result.from_history == tuple(TABLES)
     for t in ("acct", "ev"):
@@ -134,7 +134,7 @@ def test_recover_reads_history_and_needs_no_bronze(spark, hlake, tmp_path):
             assert result.from_history == tuple(TABLES)
             for t in TABLES:
                 schema, table = t.split(".")
-                assert_gold_equals_pg(spark, f"{dest}/{schema}/{table}", hlake.dsn, f"recorded.{table}_{i}")
+                assert_gold_equals_pg(f"{dest}/{schema}/{table}", hlake.dsn, f"recorded.{table}_{i}")
     finally:
         shutil.move(bronze + ".away", bronze)
 
@@ -170,7 +170,7 @@ def test_a_sync_killed_between_history_and_gold_loses_and_repeats_nothing(spark,
         live = str(tmp_path / f"gold_{table}")
         spark.read.format("delta").load(_paths(hlake).gold(schema, table)).select(
             *[spark_ident(c) for c in _columns(hlake.dsn, t)]).write.format("delta").save(live)
-        assert_gold_equals_pg(spark, live, hlake.dsn, t)
+        assert_gold_equals_pg(live, hlake.dsn, t)
     for i in (4, 5, 6):
         assert_history_as_of(spark, hlake, i, tmp_path)
     assert_versions_consistent(spark, hlake)
@@ -178,5 +178,5 @@ def test_a_sync_killed_between_history_and_gold_loses_and_repeats_nothing(spark,
     assert result.from_history == tuple(TABLES)
     for t in TABLES:
         schema, table = t.split(".")
-        assert_gold_equals_pg(spark, str(tmp_path / "after_crash" / schema / table), hlake.dsn,
+        assert_gold_equals_pg(str(tmp_path / "after_crash" / schema / table), hlake.dsn,
                               f"recorded.{table}_5")

@@ -96,5 +96,5 @@ def test_wheel_in_a_fresh_venv_installs_ddl_capture_and_syncs_outside_the_checko
     for table in ("public.items", "public.log"):
         schema, name = table.split(".")
         for reader in ("spark", "delta-rs"):
-            assert_gold_equals_pg(None, str(work / "lake" / "shop" / "gold" / schema / name), pg_db, table,
+            assert_gold_equals_pg(str(work / "lake" / "shop" / "gold" / schema / name), pg_db, table,
                                   reader=reader)

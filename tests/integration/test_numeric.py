@@ -99,11 +99,11 @@ def test_string_mode_gold_equals_postgres_exactly_through_copy_changes_and_repla
     assert (types["id"], types["amount"], types["amounts"], types["fixed"]) == (
         "string", "string", "array<string>", "decimal(12,2)")
     for t in TABLES:
-        assert_gold_equals_pg(spark, paths.gold(*t.split(".")), pg_db, t, numeric_text=TEXT_COLUMNS[t])
+        assert_gold_equals_pg(paths.gold(*t.split(".")), pg_db, t, numeric_text=TEXT_COLUMNS[t])
 
     _sql(pg_db, *CHANGES)
     _sync(spark, cfg)
-    counts = {t: assert_gold_equals_pg(spark, paths.gold(*t.split(".")), pg_db, t, numeric_text=TEXT_COLUMNS[t])
+    counts = {t: assert_gold_equals_pg(paths.gold(*t.split(".")), pg_db, t, numeric_text=TEXT_COLUMNS[t])
               for t in TABLES}
     assert counts == {"public.ledger": 10, "public.entries": 5}
     assert spark.read.format("delta").load(paths.quarantine).count() == 0  # nothing lost, nothing set aside
@@ -112,7 +112,7 @@ def test_string_mode_gold_equals_postgres_exactly_through_copy_changes_and_repla
     end = delta_watermark(spark, paths.gold("public", "ledger"))
     dest = str(tmp_path / "replayed")
     run_replay(spark, cfg, request(SRC, str(copied), str(end), ["public.ledger"], dest))
-    assert_gold_equals_pg(spark, f"{dest}/public/ledger", pg_db, "public.ledger",
+    assert_gold_equals_pg(f"{dest}/public/ledger", pg_db, "public.ledger",
                           numeric_text=TEXT_COLUMNS["public.ledger"])
 
 
@@ -159,4 +159,4 @@ def test_decimal_mode_quarantines_with_the_row_key_and_a_changed_setting_needs_r
     _sql(pg_db, f"UPDATE ledger SET amount = {BIG} WHERE id = 2")
     _sync(spark, text_cfg)
     for t in TABLES:
-        assert_gold_equals_pg(spark, paths.gold(*t.split(".")), pg_db, t, numeric_text=TEXT_COLUMNS[t])
+        assert_gold_equals_pg(paths.gold(*t.split(".")), pg_db, t, numeric_text=TEXT_COLUMNS[t])

@@ -69,11 +69,11 @@ def test_stored_generated_columns_reach_gold_on_18(spark, pg_db, pg_major, tmp_p
     _sync(spark, cfg)
     if pg_major is not None and pg_major >= 18:
         assert _gold_columns(spark, gold) == ["id", "price", "qty", "total", "note", "double_qty"]
-        assert assert_gold_equals_pg(spark, gold, pg_db, "public.items") == 7
+        assert assert_gold_equals_pg(gold, pg_db, "public.items") == 7
     else:
         assert _gold_columns(spark, gold) == ["id", "price", "qty", "note"]
         _sql(pg_db, "CREATE SCHEMA cmp", "CREATE VIEW cmp.items AS SELECT id, price, qty, note FROM items")
-        assert assert_gold_equals_pg(spark, gold, pg_db, "cmp.items") == 7
+        assert assert_gold_equals_pg(gold, pg_db, "cmp.items") == 7
 
 
 @pytest.mark.integration
@@ -105,7 +105,7 @@ def test_origin_none_skips_changes_applied_by_other_replication(spark, pg_db, pg
     _sync(spark, cfg, "every")
     _sync(spark, cfg, "local")
     paths = {s: LakePaths.of(cfg.lake, s).gold("public", "t") for s in ("every", "local")}
-    assert assert_gold_equals_pg(spark, paths["every"], pg_db, "public.t") == 5
+    assert assert_gold_equals_pg(paths["every"], pg_db, "public.t") == 5
     rows = sorted((r.id, r.who) for r in spark.read.format("delta").load(paths["local"]).collect())
     assert rows == [(1, "before"), (2, "local"), (5, "local")]
 

@@ -63,7 +63,7 @@ def _gold(cfg) -> list[str]:
 
 def _assert_equal(spark, cfg, dsn, tables):
     paths = LakePaths.of(cfg.lake, SRC)
-    return {t: assert_gold_equals_pg(spark, paths.gold(*t.split(".")), dsn, t) for t in tables}
+    return {t: assert_gold_equals_pg(paths.gold(*t.split(".")), dsn, t) for t in tables}
 
 
 @pytest.fixture

@@ -96,8 +96,8 @@ def test_quoted_tables_and_columns_sync_end_to_end(pg_db, tmp_path, spark):
     def sync_and_compare() -> dict[str, int]:
         p = slotlake("sync", "shop", config=cfg)
         assert p.returncode == 0, p.stderr[-3000:]
-        return {ITEMS: assert_gold_equals_pg(spark, items_gold, pg_db, ITEMS),
-                LOG: assert_gold_equals_pg(spark, log_gold, pg_db, LOG)}
+        return {ITEMS: assert_gold_equals_pg(items_gold, pg_db, ITEMS),
+                LOG: assert_gold_equals_pg(log_gold, pg_db, LOG)}
 
     assert sync_and_compare() == {ITEMS: 6, LOG: 3}  # the initial copy
 

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from delta_readers import assert_tree_readers_agree
 from oracle import assert_gold_equals_pg, canonical, pg_rows
 from slotlake.config import load_config
 from slotlake.decode.job import run_decode
@@ -135,8 +136,11 @@ def workload_lake(pg_server, spark, home: Path, source_settings: str = "",
                     cfg = load_config(str(config_path))
         # the pipeline itself is right before recovery is judged (gold acct keeps the dropped column `legacy`)
         last = TableName.parse(tables[-1])
-        assert_gold_equals_pg(spark, LakePaths.of(cfg.lake, "src").gold(*last), dsn, str(last))
+        assert_gold_equals_pg(LakePaths.of(cfg.lake, "src").gold(*last), dsn, str(last))
         yield Lake(cfg, dsn, config_path, points)
+        # the module's tests are done with it: every Delta table under `home` (the shared lake, what the module wrote
+        # beside it) reads the same with Spark and delta-rs (tests/conftest.py checks each test's own tmp_path)
+        assert assert_tree_readers_agree(spark, home) > 0
     finally:
         pg_server.psql(f"SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
                        f"WHERE database = '{name}' AND NOT active")
@@ -157,11 +161,10 @@ def test_recover_each_point_into_delta_equals_the_recorded_state(spark, lake, tm
         assert [t.table for t in result.tables] == TABLES  # both at the same commit LSN: one request
         for t in TABLES:
             schema, table = t.split(".")
-            n = assert_gold_equals_pg(spark, f"{dest}/{schema}/{table}", lake.dsn, f"recorded.{table}_{i}")
+            n = assert_gold_equals_pg(f"{dest}/{schema}/{table}", lake.dsn, f"recorded.{table}_{i}")
             assert {r.table: r.rows for r in result.tables}[t] == n
     # the result as delta-rs reads it (every table under tmp_path is also checked by the autouse fixture)
-    assert_gold_equals_pg(None, str(tmp_path / "lsn_3" / "public" / "acct"), lake.dsn, "recorded.acct_3",
-                          reader="delta-rs")
+    assert_gold_equals_pg(str(tmp_path / "lsn_3" / "public" / "acct"), lake.dsn, "recorded.acct_3")
 
 
 def test_recover_by_time_is_the_last_commit_at_or_before_it(spark, lake, tmp_path):
@@ -183,7 +186,7 @@ def test_recover_by_time_is_the_last_commit_at_or_before_it(spark, lake, tmp_pat
         assert result.commit_ts is not None and result.commit_ts <= at
         for t in TABLES:
             schema, table = t.split(".")
-            assert_gold_equals_pg(spark, f"{dest}/{schema}/{table}", lake.dsn, f"recorded.{table}_{i}")
+            assert_gold_equals_pg(f"{dest}/{schema}/{table}", lake.dsn, f"recorded.{table}_{i}")
 
 
 def _types(dsn: str, table: str) -> list[tuple[str, str]]:
@@ -267,9 +270,9 @@ def test_recover_to_delta_refuses_an_existing_table_without_replace(spark, lake,
     _recover(spark, lake, lsn, dest, tables=["public.ev"])
     with pytest.raises(SlotlakeError, match=r"public\.ev already exist\(s\) under .*; pass --replace"):
         _recover(spark, lake, str(lake.points[3][0]), dest, tables=["public.ev"])
-    assert_gold_equals_pg(spark, f"{dest}/public/ev", lake.dsn, "recorded.ev_1")  # untouched
+    assert_gold_equals_pg(f"{dest}/public/ev", lake.dsn, "recorded.ev_1")  # untouched
     _recover(spark, lake, str(lake.points[3][0]), dest, tables=["public.ev"], replace=True)
-    assert_gold_equals_pg(spark, f"{dest}/public/ev", lake.dsn, "recorded.ev_3")
+    assert_gold_equals_pg(f"{dest}/public/ev", lake.dsn, "recorded.ev_3")
 
 
 @pytest.mark.airflow
@@ -292,7 +295,7 @@ def test_recover_dag_through_airflow_dags_test(lake, tmp_path):
     assert "Returned value was: {'source': 'src', 'as_of': " in out and "'rows': 18" in out  # the XCom
     for t in TABLES:
         schema, table = t.split(".")
-        assert_gold_equals_pg(None, str(dest / schema / table), lake.dsn, f"recorded.{table}_{i}")
+        assert_gold_equals_pg(str(dest / schema / table), lake.dsn, f"recorded.{table}_{i}")
 
     # mode undo_sql: `slotlake undo --xid N --out <destination>` for the last archived transaction
     xid = (_spark_silver_last(lake))

@@ -46,7 +46,7 @@ def _enable_acct_history(i: int, config_path: Path) -> None:
 def _assert_recovered(spark, lake: Lake, dest: str, i: int) -> None:
     for t in TABLES:
         schema, table = t.split(".")
-        assert_gold_equals_pg(spark, f"{dest}/{schema}/{table}", lake.dsn, f"recorded.{table}_{i}")
+        assert_gold_equals_pg(f"{dest}/{schema}/{table}", lake.dsn, f"recorded.{table}_{i}")
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,7 @@ def rlake(pg_server, spark, tmp_path_factory) -> Lake:
         lake.points.append(_record(lake.dsn, 6))
         _sync(spark, lake.cfg)
         yield lake
+        next(workload, None)  # the rest of workload_lake: Spark and delta-rs read every table under `home` the same
     finally:
         workload.close()  # drops the database
 
@@ -179,11 +180,11 @@ def test_soft_delete_history_as_of_and_recover_equal_the_recorded_states(spark, 
         at = resolve_as_of(spark, paths.changes, lsn)[0]
         as_of = str(tmp_path / f"history_{i}")
         history_as_of(spark, paths.gold_history("public", "Typed"), at).write.format("delta").save(as_of)
-        assert_gold_equals_pg(spark, as_of, slake.dsn, _recorded(i))  # no soft-deleted row after its delete
+        assert_gold_equals_pg(as_of, slake.dsn, _recorded(i))  # no soft-deleted row after its delete
         dest = str(tmp_path / f"lsn_{i}")
         result = _recover(spark, slake, str(lsn), dest, tables=[TYPED])
         assert result.from_history == (TYPED,)
-        assert_gold_equals_pg(spark, f"{dest}/public/Typed", slake.dsn, _recorded(i))
+        assert_gold_equals_pg(f"{dest}/public/Typed", slake.dsn, _recorded(i))
 
 
 def _not_null(dsn: str, table: str) -> list[str]:

@@ -92,7 +92,7 @@ def test_replay_of_each_recorded_range_equals_postgres_at_its_end(spark, pg_db, 
                                    for t in TABLES]))
     assert ends == sorted(ends) and len(set(ends)) == len(ends)
     for t in TABLES:
-        assert_gold_equals_pg(spark, paths.gold(*t.split(".")), pg_db, t)
+        assert_gold_equals_pg(paths.gold(*t.split(".")), pg_db, t)
 
     # Every recorded range (L[i-1], L[i]] into its own --dest, by LSN.
     for i in range(1, len(ends)):
@@ -102,7 +102,7 @@ def test_replay_of_each_recorded_range_equals_postgres_at_its_end(spark, pg_db, 
         assert {(r.schema_name, r.table_name) for r in result.tables} == {tuple(t.split(".")) for t in TABLES}
         for t in TABLES:
             schema, name = t.split(".")
-            assert_gold_equals_pg(spark, f"{dest}/{schema}/{name}", pg_db, f"recorded.{name}_{i}")
+            assert_gold_equals_pg(f"{dest}/{schema}/{name}", pg_db, f"recorded.{name}_{i}")
 
     # By time, between the moments phases 1 and 2 were recorded: one table only.
     dest = str(tmp_path / "dest_by_time")
@@ -110,7 +110,7 @@ def test_replay_of_each_recorded_range_equals_postgres_at_its_end(spark, pg_db, 
     result = run_replay(spark, cfg, request("src", since, times[2].isoformat(), ["public.acct"], dest))
     assert ends[0] < result.from_lsn < ends[1] < result.to_lsn < ends[2]  # last commits before those moments
     assert [r.table_name for r in result.tables] == ["acct"]
-    assert_gold_equals_pg(spark, f"{dest}/public/acct", pg_db, "recorded.acct_2")
+    assert_gold_equals_pg(f"{dest}/public/acct", pg_db, "recorded.acct_2")
     assert not os.path.exists(f"{dest}/public/ev")
 
     # In place, twice: the lake still equals PostgreSQL; silver's rows and watermark are unchanged.
@@ -119,7 +119,7 @@ def test_replay_of_each_recorded_range_equals_postgres_at_its_end(spark, pg_db, 
         result = run_replay(spark, cfg, request("src", str(ends[1]), str(ends[2]), None, None))
         assert result.in_place and (result.from_lsn, result.to_lsn) == (ends[1], ends[2])
         for t in TABLES:
-            assert_gold_equals_pg(spark, paths.gold(*t.split(".")), pg_db, t)
+            assert_gold_equals_pg(paths.gold(*t.split(".")), pg_db, t)
         assert sorted(map(tuple, spark.read.format("delta").load(paths.changes).collect())) == silver_before
         assert decode_watermark(spark, paths.changes, "src") == ends[-1]
         for t in TABLES:  # rebuilt: a new gold commit that says so, watermark still the silver end
@@ -129,4 +129,4 @@ def test_replay_of_each_recorded_range_equals_postgres_at_its_end(spark, pg_db, 
     # the next sync continues from the replayed gold (its watermark is still the silver end)
     _sql(pg_db, "INSERT INTO acct VALUES (500, 'after replay', 1, NULL)")
     _sync(spark, cfg, "src")
-    assert_gold_equals_pg(spark, paths.gold("public", "acct"), pg_db, "public.acct")
+    assert_gold_equals_pg(paths.gold("public", "acct"), pg_db, "public.acct")

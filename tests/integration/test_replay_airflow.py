@@ -77,7 +77,7 @@ def test_backfill_through_airflow_rebuilds_each_interval(spark, pg_db, tmp_path)
     extract(cfg, src)
     run_decode(spark, cfg, "src")
     run_merge(spark, cfg, "src")
-    assert_gold_equals_pg(spark, paths.gold("public", "acct"), pg_db, "public.acct")
+    assert_gold_equals_pg(paths.gold("public", "acct"), pg_db, "public.acct")
 
     home = tmp_path / "airflow"
     env = server_env(local_airflow_env(home, cfg_path), free_port())
@@ -106,4 +106,4 @@ def test_backfill_through_airflow_rebuilds_each_interval(spark, pg_db, tmp_path)
         end = (b0 + timedelta(minutes=i)).strftime("%Y%m%dT%H%M%SZ")
         out = Path(dest, end, "public", "acct")
         assert out.is_dir(), f"no replay output for the interval ending {end}"
-        assert_gold_equals_pg(spark, str(out), pg_db, f"recorded.acct_{i}")
+        assert_gold_equals_pg(str(out), pg_db, f"recorded.acct_{i}")

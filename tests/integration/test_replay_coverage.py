@@ -61,7 +61,7 @@ def test_replay_to_the_covered_position_and_to_now(spark, pg_db, tmp_path):
     archived = bronze.max_archived_end(paths.root)
     assert run.files and archived < run.upto_lsn == run.end_lsn  # the slot passed the last archived commit
     assert bronze.covered_lsn(paths.root) == run.upto_lsn
-    assert_gold_equals_pg(spark, paths.gold("public", "acct"), pg_db, "public.acct")
+    assert_gold_equals_pg(paths.gold("public", "acct"), pg_db, "public.acct")
 
     # An idle run (nothing published since) moves the slot on and records how far it looked.
     _sql(pg_db, "INSERT INTO other SELECT generate_series(1, 1000)")
@@ -78,11 +78,11 @@ def test_replay_to_the_covered_position_and_to_now(spark, pg_db, tmp_path):
         dest = str(tmp_path / f"dest_{i}")
         result = run_replay(spark, cfg, request("src", str(start), to, None, dest))
         assert not result.in_place and result.to_lsn <= covered
-        assert_gold_equals_pg(spark, f"{dest}/public/acct", pg_db, "recorded.acct_1")
+        assert_gold_equals_pg(f"{dest}/public/acct", pg_db, "recorded.acct_1")
     # in place, up to the covered position: the lake still equals PostgreSQL
     result = run_replay(spark, cfg, request("src", str(start), str(covered), None, None))
     assert result.in_place and result.to_lsn == covered
-    assert_gold_equals_pg(spark, paths.gold("public", "acct"), pg_db, "public.acct")
+    assert_gold_equals_pg(paths.gold("public", "acct"), pg_db, "public.acct")
     assert not os.listdir(f"{paths.root}/_replay")
 
     # Past the covered position: not archived yet, so the clear error (for --dest and in place).
@@ -96,4 +96,4 @@ def test_replay_to_the_covered_position_and_to_now(spark, pg_db, tmp_path):
     extract(cfg, src)
     run_decode(spark, cfg, "src")
     run_merge(spark, cfg, "src")
-    assert_gold_equals_pg(spark, paths.gold("public", "acct"), pg_db, "public.acct")
+    assert_gold_equals_pg(paths.gold("public", "acct"), pg_db, "public.acct")

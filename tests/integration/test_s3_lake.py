@@ -79,7 +79,7 @@ def run_ends(paths: LakePaths) -> set[str]:
 
 def assert_gold(paths: LakePaths, dsn: str) -> None:
     for t in TABLES:
-        assert_gold_equals_pg(None, paths.gold(*t.split(".")), dsn, t, reader="delta-rs")
+        assert_gold_equals_pg(paths.gold(*t.split(".")), dsn, t)
 
 
 def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_bucket):
@@ -176,8 +176,7 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     assert out.returncode == 0, out.stderr[-4000:]
     for t in TABLES:
         name = t.split(".")[1]
-        assert_gold_equals_pg(None, f"s3a://{s3_bucket}/out/public/{name}", pg_db, f"recorded.{name}",
-                              reader="delta-rs")
+        assert_gold_equals_pg(f"s3a://{s3_bucket}/out/public/{name}", pg_db, f"recorded.{name}")
 
     # 6. every Delta table in the bucket (gold, silver, _catalog, _runs, the recovered ones) through delta-rs and
     # Spark (s3a), in a process whose Spark session has the S3 jars

@@ -60,7 +60,7 @@ def _compare_without(spark, tmp_path, gold: str, dsn: str, table: str, gold_drop
     path = str(tmp_path / f"cmp_{tag}")
     _gold(spark, gold).drop(*gold_drop).write.format("delta").mode("overwrite").save(path)
     _sql(dsn, "CREATE SCHEMA IF NOT EXISTS cmp", f"CREATE OR REPLACE VIEW cmp.{tag} AS SELECT {view_cols} FROM {table}")
-    return assert_gold_equals_pg(spark, path, dsn, f"cmp.{tag}")
+    return assert_gold_equals_pg(path, dsn, f"cmp.{tag}")
 
 
 @pytest.mark.parametrize("capture", [True, False], ids=["ddl-capture", "relation-messages-only"])
@@ -89,7 +89,7 @@ def test_ddl_sequence_evolves_gold(spark, pg_db, tmp_path, capture):
     t1 = next(t for t in r1.tables if t.table_name == "t")
     assert "added c" in t1.schema_changes
     if capture:
-        assert_gold_equals_pg(spark, t_gold, pg_db, "public.t")  # old rows got 'dflt', as PostgreSQL gave them
+        assert_gold_equals_pg(t_gold, pg_db, "public.t")  # old rows got 'dflt', as PostgreSQL gave them
     else:
         assert any("c was added" in n and "default slotlake could not see" in n for n in r1.notes), r1.notes
         assert [r["c"] for r in _gold(spark, t_gold).where("id = 3").collect()] == [None]
@@ -106,7 +106,7 @@ def test_ddl_sequence_evolves_gold(spark, pg_db, tmp_path, capture):
     assert types["a2"] == "bigint" and types["f"] == "double" and types["b"] == "string"
     if capture:
         assert "renamed a to a2" in t2.schema_changes and "a" not in types
-        assert_gold_equals_pg(spark, t_gold, pg_db, "public.t")
+        assert_gold_equals_pg(t_gold, pg_db, "public.t")
         # the rename moved the data: a row untouched since the initial copy keeps its value under the new name
         assert [r["a2"] for r in _gold(spark, t_gold).where("id = 6").collect()] == [60]
     else:
@@ -121,7 +121,7 @@ def test_ddl_sequence_evolves_gold(spark, pg_db, tmp_path, capture):
     r3 = _sync(spark, cfg)
     if capture:
         assert any("non-constant default now()" in n for n in r3.notes), r3.notes
-    assert_gold_equals_pg(spark, paths.gold("public", "newt"), pg_db, "public.newt")
+    assert_gold_equals_pg(paths.gold("public", "newt"), pg_db, "public.newt")
 
     # sync 4: DROP COLUMN (kept in gold, NULL from then on), changes, the table dropped
     _sql(pg_db, "ALTER TABLE t DROP COLUMN c, DROP COLUMN e", "UPDATE t SET a2 = 0 WHERE id = 8",
@@ -142,8 +142,8 @@ def test_ddl_sequence_evolves_gold(spark, pg_db, tmp_path, capture):
     # dropped column c: rows written after the drop have NULL, rows untouched since keep their last value
     assert rows[8]["c"] is None and rows[11]["c"] is None
     assert rows[2]["c"] == "c2" and rows[9]["c"] == "c9"
-    assert_gold_equals_pg(spark, paths.gold("public", "newt"), pg_db, "public.newt")
-    assert_gold_equals_pg(spark, paths.gold("public", "gone"), pg_db, "recorded.gone")  # kept as it was
+    assert_gold_equals_pg(paths.gold("public", "newt"), pg_db, "public.newt")
+    assert_gold_equals_pg(paths.gold("public", "gone"), pg_db, "recorded.gone")  # kept as it was
     if capture:
         assert rows[3]["c"] == "dflt"  # filled from the DDL event's default, never written by a change
         _compare_without(spark, tmp_path, t_gold, pg_db, "t", ["c", "e"], "*", "t_capture")
@@ -170,7 +170,7 @@ def test_on_drop_column_drop_removes_the_gold_column(spark, pg_db, tmp_path):
     report = _sync(spark, cfg)
     assert "dropped z" in report.tables[0].schema_changes
     assert "z" not in _gold(spark, paths.gold("public", "t")).columns
-    assert_gold_equals_pg(spark, paths.gold("public", "t"), pg_db, "public.t")
+    assert_gold_equals_pg(paths.gold("public", "t"), pg_db, "public.t")
 
 
 def test_type_change_delta_cannot_widen_fails_with_the_remedy(spark, pg_db, tmp_path):
@@ -215,13 +215,13 @@ def test_widened_and_renamed_columns_keep_gold_readable_by_delta_rs(spark, pg_db
     types = {f.name: f.dataType.simpleString() for f in _gold(spark, gold).schema.fields}
     assert (types["a"], types["s"], types["f"], types["n"], types["v"], types["b2"]) == (
         "bigint", "int", "double", "decimal(12,4)", "string", "int") and "b" not in types
-    assert_gold_equals_pg(spark, gold, pg_db, "public.w")
+    assert_gold_equals_pg(gold, pg_db, "public.w", reader="spark", spark=spark)  # in-place: delta-rs refuses it
     # the watermark is the merge's, in the newest commit (what `slotlake status` and the next merge read)
     newest = next(delta_log.commits(gold))
     assert newest.stage == "merge" and newest.end_lsn == str(report.end_lsn)
     assert delta_watermark(spark, gold) == report.end_lsn
     if not modes:
-        assert_gold_equals_pg(None, gold, pg_db, "public.w", reader="delta-rs")
+        assert_gold_equals_pg(gold, pg_db, "public.w")  # and with delta-rs (the conftest check reads it with Spark)
         assert "typeWidening" not in reader_features(gold) and protocol(gold).get("minReaderVersion") == 1
         ops = [(c.operation, c.stage) for c in delta_log.commits(gold, newest_first=False)]
         assert ops[-2:] == [("WRITE", None), ("MERGE", "merge")], ops  # the rewrite: a commit without watermark

@@ -128,7 +128,7 @@ def _sync(spark, cfg):
 def _assert_equal(spark, cfg, dsn, tables):
     paths = LakePaths.of(cfg.lake, SRC)
     for t in tables:
-        assert_gold_equals_pg(spark, paths.gold(*t.split(".")), dsn, t)
+        assert_gold_equals_pg(paths.gold(*t.split(".")), dsn, t)
 
 
 def test_first_sync_copies_under_the_slot_snapshot_with_a_concurrent_writer(pg_db, tmp_path, spark):

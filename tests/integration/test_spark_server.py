@@ -46,7 +46,7 @@ def _request(port: int, message: dict) -> list[dict]:
 def _assert_gold(cfg_path: Path, dsn: str) -> None:
     paths = LakePaths.of(str(cfg_path.parent / "lake"), SOURCE)
     for t in TABLES:
-        assert_gold_equals_pg(None, paths.gold(*t.split(".")), dsn, t)
+        assert_gold_equals_pg(paths.gold(*t.split(".")), dsn, t)
 
 
 def test_syncs_run_in_the_spark_server_and_fall_back_when_it_is_gone(pg_db, tmp_path):

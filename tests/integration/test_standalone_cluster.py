@@ -75,7 +75,7 @@ def run_sql(dsn: str, statements) -> None:
 def assert_gold(lake: Path, dsn: str) -> None:
     for t in TABLES:
         schema, name = t.split(".")
-        assert_gold_equals_pg(None, str(lake / SOURCE / "gold" / schema / name), dsn, t, reader="delta-rs")
+        assert_gold_equals_pg(str(lake / SOURCE / "gold" / schema / name), dsn, t)
 
 
 def finished(cluster, since: int) -> list[str]:

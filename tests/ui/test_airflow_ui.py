@@ -213,7 +213,7 @@ def test_a_person_syncs_watches_recovers_and_backfills_in_the_airflow_ui(airflow
         # the sync DAG's manual trigger: the initial copy lands in gold
         _trigger_sync(driver, api, url, 1, shot, "sync-1")
         for t in TABLES:
-            assert_gold_equals_pg(None, paths.gold(*t.split(".")), pg_db, t, reader="delta-rs")
+            assert_gold_equals_pg(paths.gold(*t.split(".")), pg_db, t)
 
         # changes inside one minute [b0, b0+1m): the replay interval; the state at its end is recorded, and the
         # LSN there is the recovery point; then more changes, and a second sync through the UI
@@ -231,7 +231,7 @@ def test_a_person_syncs_watches_recovers_and_backfills_in_the_airflow_ui(airflow
         _trigger_sync(driver, api, url, 2, shot, "sync-2")
         marks = {}
         for t in TABLES:
-            assert_gold_equals_pg(None, paths.gold(*t.split(".")), pg_db, t, reader="delta-rs")
+            assert_gold_equals_pg(paths.gold(*t.split(".")), pg_db, t)
             marks[t] = delta_log.latest_slotlake_commit(paths.gold(*t.split("."))).end_lsn
 
         # the recovery form: a table the source does not have, a bad LSN, an impossible time: each refused with
@@ -259,8 +259,7 @@ def test_a_person_syncs_watches_recovers_and_backfills_in_the_airflow_ui(airflow
         shot("recover-runs")
         for t in TABLES:
             schema, name = t.split(".")
-            assert_gold_equals_pg(None, str(tmp / "recovered" / schema / name), pg_db, f"recorded.{name}",
-                                  reader="delta-rs")
+            assert_gold_equals_pg(str(tmp / "recovered" / schema / name), pg_db, f"recorded.{name}")
 
         # the replay DAG's Backfill dialog: the one interval [b0, b0+1m) into a folder
         _open_trigger(driver, url, REPLAY)
@@ -302,8 +301,7 @@ def test_a_person_syncs_watches_recovers_and_backfills_in_the_airflow_ui(airflow
         end = (b0 + timedelta(minutes=1)).strftime("%Y%m%dT%H%M%SZ")
         for t in TABLES:
             schema, name = t.split(".")
-            assert_gold_equals_pg(None, str(tmp / "replayed" / end / schema / name), pg_db, f"recorded.{name}",
-                                  reader="delta-rs")
+            assert_gold_equals_pg(str(tmp / "replayed" / end / schema / name), pg_db, f"recorded.{name}")
         # the slotlake view (after the recovery and backfill: they leave gold and the slot as the second sync did),
         # embedded in the Airflow UI from its nav, and on its own
         driver.get(f"{url}/")
