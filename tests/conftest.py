@@ -182,8 +182,10 @@ def warm_spark_server(tmp_path_factory):
         "spark": {"master": "local[2]", "server": address,
                   "conf": {"spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"}},
         "sources": {"none": {"dsn": "postgresql://unused@127.0.0.1:1/unused"}}}))
-    with spark_server(config, home / "server.log"):
+    with spark_server(config, home / "server.log") as server:
         yield address
+    # SIGTERM (the context's end) is a clean stop: the server exits 0 once its session is stopped
+    assert server.returncode == 0, (home / "server.log").read_text()[-3000:]
 
 
 LIVE_DIRS = ("integration", "ui")  # test folders with real servers (PostgreSQL, Spark, Airflow, a browser)

@@ -153,7 +153,13 @@ def test_bad_config_is_an_import_error_naming_the_key(airflow_home, tmp_path):
 @pytest.mark.slow
 def test_sync_dag_runs_gold_equals_postgres(pg_db, airflow_home, tmp_path):
     """Run 1 finds rows already in the tables (initial copy under the slot's snapshot); run 2 streams updates,
-    deletes, key changes and a TRUNCATE. After each, every gold table equals PostgreSQL row by row."""
+    deletes, key changes and a TRUNCATE. After each, every gold table equals PostgreSQL row by row.
+
+    The DAG's decode and merge run in this worker's `slotlake spark-server` (`SLOTLAKE_SPARK_SERVER`, the
+    deployment-wide setting, which `spark.server` in the config overrides the same way: the DAG's task types for
+    it are in test_with_a_spark_server_the_spark_tasks_send_their_apps_there), never spark-submit; the
+    SparkSubmitOperators of a config without a server run in test_sync_dag_with_nothing_new_skips_decode_and_merge
+    and tests/integration/test_standalone_cluster.py."""
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute(SCHEMA)
         for s in ROUND_1:
@@ -167,6 +173,7 @@ def test_sync_dag_runs_gold_equals_postgres(pg_db, airflow_home, tmp_path):
                     conn.execute(s)
         out = dags_test(env, "slotlake_sync__shop")
         assert "sync shop: archived" in out, f"run {run}: no report summary line"
+        assert "finished on the Spark server" in out and "Spark-Submit cmd" not in out, f"run {run}:\n{out[-3000:]}"
         for table in TABLES:
             schema, name = table.split(".")
             assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
@@ -196,36 +203,3 @@ def test_sync_dag_with_nothing_new_skips_decode_and_merge(pg_db, airflow_home, t
         schema, name = table.split(".")
         assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
 
-
-@pytest.mark.integration
-@pytest.mark.spark
-@pytest.mark.airflow
-@pytest.mark.slow
-def test_sync_dag_sends_decode_and_merge_to_the_spark_server(pg_db, airflow_home, tmp_path):
-    """With `spark.server`, the DAG's decode and merge are Python tasks that run the apps in the long-lived
-    `slotlake spark-server` (no spark-submit); two runs, gold equals PostgreSQL after each."""
-    from sparkserver import free_port, spark_server
-
-    with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute(SCHEMA)
-        for s in ROUND_1:
-            conn.execute(s)
-    cfg = write_config(tmp_path / "slotlake.yaml", pg_db)
-    cfg.write_text(cfg.read_text().replace('spark: {master: "local[2]"}',
-                                           f'spark: {{master: "local[1]", server: "127.0.0.1:{free_port()}"}}'))
-    env = local_airflow_env(airflow_home, cfg)
-    bag = load_dagbag(env)
-    assert bag["errors"] == {}
-    assert [bag["dags"]["slotlake_sync__shop"]["tasks"][t]["type"] for t in ("decode", "merge")] == \
-        ["PythonOperator", "PythonOperator"]
-    with spark_server(cfg, tmp_path / "server.log", env) as server:
-        for run, changes in enumerate((None, ROUND_2), start=1):
-            with psycopg.connect(pg_db, autocommit=True) as conn:
-                for s in changes or ():
-                    conn.execute(s)
-            out = dags_test(env, "slotlake_sync__shop")
-            assert "finished on the Spark server" in out and "Spark-Submit cmd" not in out, f"run {run}:\n{out[-3000:]}"
-            for table in TABLES:
-                schema, name = table.split(".")
-                assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
-    assert server.returncode == 0, (tmp_path / "server.log").read_text()[-3000:]  # SIGTERM: a clean stop

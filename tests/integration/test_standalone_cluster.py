@@ -3,9 +3,10 @@
 
 The executors run a Python that has every dependency but not slotlake: a job that imports slotlake on them works
 only because the driver shipped the package (the `--py-files` zip of spark-submit, `addPyFile` for an in-process
-session). Through the CLI (`spark.master: spark://...`) and through the sync DAG's SparkSubmitOperators, whose Spark
-connection names the cluster while `spark.master` says local: each time gold equals PostgreSQL row by row, the apps
-FINISHED on the master, and the executors received the zip and the Delta jar.
+session). Through the CLI (`spark.master: spark://...`: the initial copy) and then, on the same lake, through the sync
+DAG's SparkSubmitOperators (the changes), whose Spark connection names the cluster while `spark.master` says local:
+each time gold equals PostgreSQL row by row, the apps FINISHED on the master, and the executors received the zip and
+the Delta jar.
 """
 from __future__ import annotations
 
@@ -91,53 +92,49 @@ def assert_code_shipped(cluster) -> None:
     assert any(f.startswith("delta-spark") and f.endswith(".jar") for f in files), sorted(files)
 
 
-def test_cli_syncs_on_a_standalone_cluster(pg_db, tmp_path, cluster, exec_python):
+def test_cli_and_sync_dag_submit_to_the_cluster(pg_db, tmp_path, cluster, exec_python):
+    """One source, one lake, two configs of it: the first sync (the initial copy) through the CLI with `spark.master`
+    naming the cluster; the next (updates, deletes, a key change, a TRUNCATE) through the sync DAG, whose config
+    says `spark.master: local[2]` while its Spark connection `spark.conn_id` names the cluster. The
+    SparkSubmitOperators submit to the connection's master with the settings for it: the package as --py-files, no
+    local PYTHONPATH. Gold equals PostgreSQL after each; every app FINISHED on the master."""
     run_sql(pg_db, [SCHEMA, *ROUND_1])
-    spark = f'{{master: "{cluster.master}", conf: {cluster_spark(exec_python)}}}'
-    cfg = write_config(tmp_path / "slotlake.yaml", pg_db, spark)
+    cli_cfg = write_config(tmp_path / "slotlake.yaml", pg_db,
+                           f'{{master: "{cluster.master}", conf: {cluster_spark(exec_python)}}}')
+    dag_cfg = write_config(tmp_path / "slotlake-dag.yaml", pg_db,
+                           f'{{master: "local[2]", conn_id: slotlake_cluster, conf: {cluster_spark(exec_python)}}}')
     before = len(cluster.completed_apps())
+
+    # 1. the CLI: one spark-submit of the sync app to the cluster's master
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SLOTLAKE_SPARK_SERVER")}
-    for run, changes in enumerate((None, ROUND_2 + ROUND_3), start=1):
-        run_sql(pg_db, changes or ())
-        out = subprocess.run([SLOTLAKE, "--config", str(cfg), "sync", SOURCE, "--json"], capture_output=True,
-                             text=True, timeout=1500, env=env)
-        assert out.returncode == 0, f"sync {run} failed:\n{out.stderr[-4000:]}"
-        assert f"to {cluster.master}" in out.stderr, out.stderr[-3000:]  # "submitting <app> to <master>"
-        report = json.loads(out.stdout)
-        assert report["spark_skipped"] is False, report
-        assert_gold(tmp_path / "lake", pg_db)
-    names = finished(cluster, before)
-    assert names == [f"slotlake-sync-{SOURCE}"] * 2, names  # the first one loaded the initial copy into gold
-    assert_code_shipped(cluster)
+    out = subprocess.run([SLOTLAKE, "--config", str(cli_cfg), "sync", SOURCE, "--json"], capture_output=True,
+                         text=True, timeout=1500, env=env)
+    assert out.returncode == 0, f"the CLI's sync failed:\n{out.stderr[-4000:]}"
+    assert f"to {cluster.master}" in out.stderr, out.stderr[-3000:]  # "submitting <app> to <master>"
+    report = json.loads(out.stdout)
+    assert report["spark_skipped"] is False and report["merged"], report  # it loaded the initial copy into gold
+    assert_gold(tmp_path / "lake", pg_db)
 
-
-def test_sync_dag_submits_to_the_cluster_of_its_spark_connection(pg_db, tmp_path, cluster, exec_python):
-    """`spark.master` says local[2]; the Spark connection `spark.conn_id` names the cluster. The SparkSubmitOperators
-    submit to the connection's master with the settings for it: the package as --py-files, no local PYTHONPATH."""
-    run_sql(pg_db, [SCHEMA, *ROUND_1])
-    spark = f'{{master: "local[2]", conn_id: slotlake_cluster, conf: {cluster_spark(exec_python)}}}'
-    cfg = write_config(tmp_path / "slotlake.yaml", pg_db, spark)
+    # 2. the sync DAG: decode and merge, each a spark-submit to the connection's master
     home = tmp_path / "airflow"
     home.mkdir()
-    env = local_airflow_env(home, cfg)
+    env = local_airflow_env(home, dag_cfg)
     env.pop("PYTHONPATH", None)
     env.pop("SLOTLAKE_SPARK_SERVER", None)
     env["AIRFLOW_CONN_SLOTLAKE_CLUSTER"] = json.dumps(
         {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster.port})
     migrate(env)
-    before = len(cluster.completed_apps())
-    for run, changes in enumerate((None, ROUND_2 + ROUND_3), start=1):
-        run_sql(pg_db, changes or ())
-        out = dags_test(env, f"slotlake_sync__{SOURCE}")
-        submits = [line for line in out.splitlines() if "Spark-Submit cmd" in line]
-        assert len(submits) == 2, f"run {run}: {submits}"  # decode and merge
-        for line in submits:
-            assert f"--master {cluster.master}" in line and "--py-files" in line, line
-            assert "spark.executorEnv.PYTHONPATH" not in line and "spark.sql.shuffle.partitions=1" in line, line
-        assert "sync shop: archived" in out, f"run {run}: no report line"
-        assert_gold(tmp_path / "lake", pg_db)
+    run_sql(pg_db, ROUND_2 + ROUND_3)
+    out = dags_test(env, f"slotlake_sync__{SOURCE}")
+    submits = [line for line in out.splitlines() if "Spark-Submit cmd" in line]
+    assert len(submits) == 2, submits  # decode and merge
+    for line in submits:
+        assert f"--master {cluster.master}" in line and "--py-files" in line, line
+        assert "spark.executorEnv.PYTHONPATH" not in line and "spark.sql.shuffle.partitions=1" in line, line
+    assert "sync shop: archived" in out, "no report line"
+    assert_gold(tmp_path / "lake", pg_db)
     names = finished(cluster, before)
-    assert names == [f"slotlake-{stage}-{SOURCE}" for _ in range(2) for stage in ("decode", "merge")], names
+    assert names == [f"slotlake-sync-{SOURCE}", f"slotlake-decode-{SOURCE}", f"slotlake-merge-{SOURCE}"], names
     assert_code_shipped(cluster)
 
 
