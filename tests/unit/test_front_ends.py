@@ -235,3 +235,28 @@ def test_partitions_follow_local_cores_and_the_user_overrides(tmp_path, monkeypa
     assert local["spark.sql.codegen.cache.maxEntries"] == cluster["spark.sql.codegen.cache.maxEntries"] == "10000"
     assert spark_conf("local[2]", {"spark.sql.codegen.cache.maxEntries": "500"})[
         "spark.sql.codegen.cache.maxEntries"] == "500"
+
+
+@pytest.mark.parametrize("run_type,skipped", [("scheduled", True), ("backfill", False), ("manual", False)])
+def test_replay_dags_gate_skips_only_scheduled_runs(tmp_path, run_type, skipped):
+    """The replay DAG's first task: a run the scheduler creates from the cron (an in-place replay of each interval
+    as it passes would only repeat the sync) is skipped; backfills and manual runs go on to the replay. The gate's
+    own function, called with a real (unsaved) DagRun of each type."""
+    from airflow.models.dagrun import DagRun
+    from airflow.sdk.exceptions import AirflowSkipException
+    from airflow.utils.types import DagRunType
+
+    from slotlake.airflow.replay_dag import build_replay_dag
+    from slotlake.config import load_config
+
+    path = tmp_path / "slotlake.yaml"
+    path.write_text(f"lake: {tmp_path / 'lake'}\nsources:\n  src:\n    dsn: postgresql://u@127.0.0.1:1/d\n"
+                    "    tables: [public.t]\n")
+    dag = build_replay_dag(load_config(str(path)), "src")
+    run = DagRun(dag_id=dag.dag_id, run_id=f"{run_type}__x", run_type=DagRunType(run_type))
+    gate = dag.get_task("gate").python_callable  # type: ignore[attr-defined]
+    if skipped:
+        with pytest.raises(AirflowSkipException, match="runs only as a backfill or manual run"):
+            gate(dag_run=run)
+    else:
+        assert gate(dag_run=run) is None
