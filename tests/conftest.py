@@ -331,11 +331,12 @@ def delta_readers_agree(request):
     options = marker.kwargs if marker else {}
     if options.get("skip"):
         return
-    from delta_readers import assert_tree_readers_agree, delta_tables
+    from delta_readers import assert_all_readers_agree, delta_tables
 
-    if not delta_tables(tmp):
+    tables = delta_tables(tmp)
+    if not tables:
         return
     start = time.monotonic()
-    n = assert_tree_readers_agree(_check_spark(), tmp, options.get("opt_in", ()))
-    log.info("delta readers: %d table(s) of %s agree (%.1fs)", n, request.node.nodeid,
+    assert_all_readers_agree(_check_spark(), tables, options.get("opt_in", ()))
+    log.info("delta readers: %d table(s) of %s agree (%.1fs)", len(tables), request.node.nodeid,
              time.monotonic() - start)

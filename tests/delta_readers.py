@@ -8,7 +8,7 @@ or `deletionVectors`) fails with the table's protocol in the message.
 
 `delta_tables(root)` finds the tables under a folder (every directory holding a `_delta_log` with a commit);
 tests/conftest.py runs the check on every table under each test's `tmp_path` (marker `delta_readers`), and a
-lake a module shares gets it at its fixture's end (`assert_tree_readers_agree`). The oracle (tests/oracle.py)
+lake a module shares gets it at its fixture's end (`assert_all_readers_agree`). The oracle (tests/oracle.py)
 reads gold with delta-rs; this check is where Spark reads the same tables.
 An s3a:// lake: delta-rs opens each table with `slotlake.storage.delta_rs_table_args` (the configured endpoint),
 Spark through s3a. A Spark session gets the S3 jars only when it starts, so `check_bucket(config, prefix)` runs
@@ -189,9 +189,9 @@ def assert_delta_rs_refuses(path: Path | str, features: Iterable[str]) -> None:
                          "if it supports them now, drop the opt-in marker")
 
 
-def assert_tree_readers_agree(spark: Any, root: Path, opt_in: Iterable[str] = ()) -> int:
-    """`assert_delta_readers_agree` for every Delta table under `root` (a table with a reader feature in `opt_in`
-    must instead be refused by delta-rs for it, and read by Spark); returns how many tables were checked.
+def assert_all_readers_agree(spark: Any, tables: Iterable[Path], opt_in: Iterable[str] = ()) -> None:
+    """`assert_delta_readers_agree` for each of `tables` (`delta_tables(root)`); a table with a reader feature in
+    `opt_in` must instead be refused by delta-rs for it, and read by Spark.
 
     A few tables at a time: each Spark read is a handful of tiny jobs (Delta's log replay, the scan), mostly
     scheduling latency, so concurrent ones overlap (measured on an 11-table lake: 5.6-5.9 s one by one, 2.9-3.6 s
@@ -199,7 +199,6 @@ def assert_tree_readers_agree(spark: Any, root: Path, opt_in: Iterable[str] = ()
     from concurrent.futures import ThreadPoolExecutor
 
     opted = set(opt_in)
-    tables = delta_tables(root)
 
     def check(path: Path) -> None:
         features = reader_features(path) & opted
@@ -212,7 +211,6 @@ def assert_tree_readers_agree(spark: Any, root: Path, opt_in: Iterable[str] = ()
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="delta-readers") as pool:
         for future in [pool.submit(check, path) for path in tables]:
             future.result()
-    return len(tables)
 
 
 def check_bucket(config: str, root: str) -> tuple[int, str]:

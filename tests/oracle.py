@@ -147,8 +147,9 @@ def assert_gold_equals_pg(gold_path: str, dsn: str, table: str, *, numeric_text:
     numeric columns gold must hold as PostgreSQL's exact text (numeric.unconstrained: string).
     Gold is read with delta-rs (`deltalake`): no Spark query per comparison. That Spark reads every Delta table the
     same is checked once per test, at its end (tests/conftest.py `delta_readers_agree`: every table under its
-    `tmp_path`; `check_delta_readers` for lakes a module shares). `reader="spark"` reads gold with Spark instead
-    (`spark`, else a session started here): for a table delta-rs refuses on purpose (an opted-in reader feature)."""
+    `tmp_path`; `delta_readers.assert_all_readers_agree` for lakes a module shares). `reader="spark"` reads gold
+    with Spark instead (`spark`, else a session started here): for a table delta-rs refuses on purpose (an
+    opted-in reader feature)."""
     if reader == "delta-rs":
         gold_cols, got_rows = gold_rows_delta_rs(gold_path)
     else:
