@@ -110,7 +110,7 @@ def compare(spark, paths: LakePaths, dsn: str) -> list[str]:
 
     lines = []
     for table in ("public.pgbench_branches", "public.pgbench_tellers"):
-        n = assert_gold_equals_pg(spark, paths.gold(*table.split(".")), dsn, table)
+        n = assert_gold_equals_pg(paths.gold(*table.split(".")), dsn, table)
         lines.append(f"{table}: {n} rows equal (oracle)")
     sums = {"public.pgbench_accounts": "count(*), sum(aid), sum(bid), sum(abalance)",
             "public.pgbench_history": "count(*), sum(tid), sum(bid), sum(aid), sum(delta), "

@@ -772,3 +772,29 @@ def test_change_number_orders_changes_as_their_commit_lsn_and_seq(spark):
     lo, hi = spark.createDataFrame(ids[::-1], "commit_lsn long, seq int").agg(
         F.min(change_number()), F.max(change_number())).collect()[0]
     assert (change_of(lo), change_of(hi)) == ((0, 0), (top_lsn, top_seq))
+
+
+
+def test_a_small_batch_merges_interpreted_unless_the_config_sets_code_generation(spark, tmp_path, caplog):
+    import logging
+
+    from slotlake.spark.session import INTERPRETED_CONF, SMALL_BATCH_ROWS, interpret_small_batch
+
+    session = spark.newSession()
+    session.conf.set("spark.sql.codegen.wholeStage", "true")
+    session.conf.set("spark.sql.codegen.factoryMode", "FALLBACK")
+    assert not interpret_small_batch(session, SMALL_BATCH_ROWS, {})  # a large batch keeps the session's settings
+    assert not interpret_small_batch(session, 10, {"spark.sql.codegen.wholeStage": "true"})  # the user's win
+    assert [session.conf.get(k) for k in INTERPRETED_CONF] == ["true", "FALLBACK"]
+    assert interpret_small_batch(session, SMALL_BATCH_ROWS - 1, {})
+    assert [session.conf.get(k) for k in INTERPRETED_CONF] == list(INTERPRETED_CONF.values())
+    # The merge asks per table, in the table's own session: said in the table's "merged" line.
+    with caplog.at_level(logging.INFO, logger="slotlake.merge.job"):
+        test_insert_update_delete_by_primary_key(Lake(spark, tmp_path / "a"))
+        lake = Lake(spark, tmp_path / "b")
+        lake.cfg = parse_config({"lake": lake.cfg.lake, "spark": {"conf": {"spark.sql.codegen.wholeStage": "true"}},
+                                 "sources": {SRC: {"dsn": "postgresql://u@127.0.0.1:5432/db"}}})
+        lake.decode([ITEMS.ins(100, 0, "1", "a")], 150)
+        lake.merge()
+    merged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("merged ")]
+    assert [m.endswith("quarantined; interpreted)") for m in merged] == [True, True, False], merged

@@ -14,7 +14,7 @@ row the net count change is applied to copies numbered by `_slotlake_dup`. NOTHI
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -79,7 +79,7 @@ from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
 from slotlake.source.visibility import CopySnapshot
 from slotlake.spark.schemas import fields_of, struct_of
-from slotlake.spark.session import error_summary
+from slotlake.spark.session import error_summary, interpret_small_batch
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
         gold = gold_path_for(*name) if gold_path_for else paths.gold(*name)
         started = datetime.now(UTC)
         result = _merge_table(spark.newSession(), src, paths, name[0], name[1], end, changes_path, gold, definitions,
-                              files)
+                              files, cfg.spark.conf)
         return replace(result, started_at=started)
 
     # Tables merge concurrently (each in its own session: invariant 4), at most _MAX_PARALLEL_TABLES at a time so a
@@ -315,7 +315,8 @@ class _Truncate:
 
 def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, schema: str, table: str,
                  end: Lsn, changes_path: str, gold: str, definitions: TableDefinitions,
-                 files: Sequence[SilverFileStats] | None = None) -> TableMergeResult:
+                 files: Sequence[SilverFileStats] | None = None,
+                 user_conf: Mapping[str, str] | None = None) -> TableMergeResult:
     from delta.tables import DeltaTable
 
     name = str(TableName(schema, table))
@@ -349,6 +350,8 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     n = sum(g.n for g in groups)
     if n == 0:
         return TableMergeResult(schema, table, 0, state.version)
+    # The table's session, from here on: a small batch's queries run interpreted (no code to generate and compile).
+    interpreted = interpret_small_batch(session, n, user_conf or {})
     last_commit_ts = max((g.last_ts for g in groups if g.last_ts is not None), default=None)
     trunc = None
     if any(g.truncs for g in groups):  # rare: the last TRUNCATE from its own rows only
@@ -454,8 +457,9 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         quarantined=quarantined, unapplied=unapplied, truncated=trunc is not None,
         schema_changes=tuple(schema_changes), notes=evo.notes if evo is not None else (),
         last_commit_ts=last_commit_ts)
-    log.info("merged %s: %d change(s) up to %s -> gold version %s (+%d ~%d -%d rows, %d quarantined)",
-             name, n, end, version, result.rows_inserted, result.rows_updated, result.rows_deleted, quarantined)
+    log.info("merged %s: %d change(s) up to %s -> gold version %s (+%d ~%d -%d rows, %d quarantined%s)",
+             name, n, end, version, result.rows_inserted, result.rows_updated, result.rows_deleted, quarantined,
+             "; interpreted" if interpreted else "")
     return result
 
 
