@@ -775,20 +775,20 @@ def test_change_number_orders_changes_as_their_commit_lsn_and_seq(spark):
 
 
 
-def test_a_small_batch_merges_interpreted_unless_the_config_sets_code_generation(spark, tmp_path, caplog):
+
+def test_a_batch_runs_interpreted_or_generated_by_its_size_unless_the_config_says(spark, tmp_path, caplog):
     import logging
 
-    from slotlake.spark.session import INTERPRETED_CONF, SMALL_BATCH_ROWS, interpret_small_batch
+    from slotlake.spark.session import GENERATED_CONF, INTERPRETED_CONF, SMALL_BATCH_ROWS, codegen_for_batch
 
     session = spark.newSession()
-    session.conf.set("spark.sql.codegen.wholeStage", "true")
-    session.conf.set("spark.sql.codegen.factoryMode", "FALLBACK")
-    assert not interpret_small_batch(session, SMALL_BATCH_ROWS, {})  # a large batch keeps the session's settings
-    assert not interpret_small_batch(session, 10, {"spark.sql.codegen.wholeStage": "true"})  # the user's win
-    assert [session.conf.get(k) for k in INTERPRETED_CONF] == ["true", "FALLBACK"]
-    assert interpret_small_batch(session, SMALL_BATCH_ROWS - 1, {})
+    assert codegen_for_batch(session, SMALL_BATCH_ROWS, {}) == "generated code"
+    assert [session.conf.get(k) for k in GENERATED_CONF] == list(GENERATED_CONF.values())
+    assert codegen_for_batch(session, 10, {"spark.sql.codegen.wholeStage": "true"}) is None  # the user's win
+    assert [session.conf.get(k) for k in GENERATED_CONF] == list(GENERATED_CONF.values())
+    assert codegen_for_batch(session, SMALL_BATCH_ROWS - 1, {}) == "interpreted"
     assert [session.conf.get(k) for k in INTERPRETED_CONF] == list(INTERPRETED_CONF.values())
-    # The merge asks per table, in the table's own session: said in the table's "merged" line.
+    # The merge asks per table, in the table's own session, and says it in the table's "merged" line.
     with caplog.at_level(logging.INFO, logger="slotlake.merge.job"):
         test_insert_update_delete_by_primary_key(Lake(spark, tmp_path / "a"))
         lake = Lake(spark, tmp_path / "b")
@@ -797,4 +797,26 @@ def test_a_small_batch_merges_interpreted_unless_the_config_sets_code_generation
         lake.decode([ITEMS.ins(100, 0, "1", "a")], 150)
         lake.merge()
     merged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("merged ")]
-    assert [m.endswith("quarantined; interpreted)") for m in merged] == [True, True, False], merged
+    assert [m.rsplit(" quarantined", 1)[1] for m in merged] == ["; interpreted)", "; interpreted)", ")"], merged
+
+
+# The tests above merge batches of a few rows, which run interpreted; a batch of SMALL_BATCH_ROWS changes or more
+# runs Spark's generated code (production's path for big batches). These scenarios cover the strategies (keyed
+# with key changes and TOAST, FULL copies and appends, soft deletes and TRUNCATE) on that path too.
+_GENERATED = [test_unchanged_toast_across_a_key_change, test_soft_deletes_keep_the_last_state,
+              test_insert_only_batches_are_appends_with_the_merge_semantics]
+
+
+@pytest.mark.parametrize("scenario", _GENERATED, ids=lambda f: f.__name__.removeprefix("test_"))
+def test_scenarios_with_generated_code(scenario, spark, tmp_path, monkeypatch, caplog):
+    import inspect
+    import logging
+
+    import slotlake.spark.session as session
+
+    monkeypatch.setattr(session, "SMALL_BATCH_ROWS", 0)  # every batch counts as large
+    with caplog.at_level(logging.INFO, logger="slotlake.merge.job"):
+        scenario(Lake(spark, tmp_path)) if "lake" in inspect.signature(scenario).parameters \
+            else scenario(spark, tmp_path)
+    merged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("merged ")]
+    assert merged and all(m.endswith("; generated code)") for m in merged), merged

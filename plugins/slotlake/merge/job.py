@@ -79,7 +79,7 @@ from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
 from slotlake.source.visibility import CopySnapshot
 from slotlake.spark.schemas import fields_of, struct_of
-from slotlake.spark.session import error_summary, interpret_small_batch
+from slotlake.spark.session import codegen_for_batch, error_summary
 
 log = logging.getLogger(__name__)
 
@@ -351,7 +351,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     if n == 0:
         return TableMergeResult(schema, table, 0, state.version)
     # The table's session, from here on: a small batch's queries run interpreted (no code to generate and compile).
-    interpreted = interpret_small_batch(session, n, user_conf or {})
+    codegen = codegen_for_batch(session, n, user_conf or {})
     last_commit_ts = max((g.last_ts for g in groups if g.last_ts is not None), default=None)
     trunc = None
     if any(g.truncs for g in groups):  # rare: the last TRUNCATE from its own rows only
@@ -459,7 +459,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         last_commit_ts=last_commit_ts)
     log.info("merged %s: %d change(s) up to %s -> gold version %s (+%d ~%d -%d rows, %d quarantined%s)",
              name, n, end, version, result.rows_inserted, result.rows_updated, result.rows_deleted, quarantined,
-             "; interpreted" if interpreted else "")
+             f"; {codegen}" if codegen else "")
     return result
 
 

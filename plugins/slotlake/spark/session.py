@@ -38,24 +38,30 @@ BASE_CONF: dict[str, str] = {
 }
 
 # A query over a few thousand rows spends more CPU generating its Java, compiling it (Janino) and JIT-compiling the
-# classes than running them. A table's merge of a small batch (`interpret_small_batch`) runs its queries
-# interpreted: a warm 1,000-change sync's merge used ~15-25% less CPU (bench/README.md, "Small merges run
-# interpreted"); a large batch keeps the generated code, which is faster per row.
+# classes than running them. A table's merge of a small batch (`codegen_for_batch`) runs its queries interpreted:
+# a warm small merge used ~15-25% less CPU (bench/README.md, "Small merges run interpreted"); a large batch runs
+# Spark's generated code (its defaults), which is faster per row.
 INTERPRETED_CONF: dict[str, str] = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
 }
+GENERATED_CONF: dict[str, str] = {
+    "spark.sql.codegen.wholeStage": "true",
+    "spark.sql.codegen.factoryMode": "FALLBACK",
+}
 SMALL_BATCH_ROWS = 20_000
 
 
-def interpret_small_batch(session, rows: int, user_conf: Mapping[str, str]) -> bool:
-    """Sets `INTERPRETED_CONF` on `session` (one table's own session) when its batch of `rows` changes is small
-    and the config's `spark.conf` sets neither key (a user's setting wins); True when it did."""
-    if rows >= SMALL_BATCH_ROWS or any(k in user_conf for k in INTERPRETED_CONF):
-        return False
-    for k, v in INTERPRETED_CONF.items():
+def codegen_for_batch(session, rows: int, user_conf: Mapping[str, str]) -> str | None:
+    """Sets `INTERPRETED_CONF` on `session` (one table's own session) when its batch of `rows` changes is small,
+    else `GENERATED_CONF`, and says which ("interpreted" / "generated code"); None, and nothing set, when the
+    config's `spark.conf` sets either key (a user's setting wins)."""
+    if any(k in user_conf for k in INTERPRETED_CONF):
+        return None
+    small = rows < SMALL_BATCH_ROWS
+    for k, v in (INTERPRETED_CONF if small else GENERATED_CONF).items():
         session.conf.set(k, v)
-    return True
+    return "interpreted" if small else "generated code"
 
 
 def jars_dir() -> Path:
