@@ -774,8 +774,6 @@ def test_change_number_orders_changes_as_their_commit_lsn_and_seq(spark):
     assert (change_of(lo), change_of(hi)) == ((0, 0), (top_lsn, top_seq))
 
 
-
-
 def test_a_batch_runs_interpreted_or_generated_by_its_size_unless_the_config_says(spark, tmp_path, caplog):
     import logging
 
@@ -815,7 +813,9 @@ def test_scenarios_with_generated_code(scenario, spark, tmp_path, monkeypatch, c
 
     monkeypatch.setattr(session, "SMALL_BATCH_ROWS", 0)  # every batch counts as large
     with caplog.at_level(logging.INFO, logger="slotlake.merge.job"):
-        scenario(Lake(spark, tmp_path)) if "lake" in inspect.signature(scenario).parameters \
-            else scenario(spark, tmp_path)
+        if "lake" in inspect.signature(scenario).parameters:
+            scenario(Lake(spark, tmp_path))
+        else:
+            scenario(spark, tmp_path)
     merged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("merged ")]
     assert merged and all(m.endswith("; generated code)") for m in merged), merged
