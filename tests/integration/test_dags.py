@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from demo import ROUND_1, ROUND_2, SCHEMA, TABLES  # noqa: E402
 
 from oracle import assert_gold_equals_pg  # noqa: E402
+from slotlake.config import SPARK_SERVER_ENV  # noqa: E402
 from slotlake_dev.airflow_local import dags_test, local_airflow_env, migrate, run_airflow  # noqa: E402
 
 
@@ -158,8 +159,8 @@ def test_sync_dag_runs_gold_equals_postgres(pg_db, airflow_home, tmp_path):
     The DAG's decode and merge run in this worker's `slotlake spark-server` (`SLOTLAKE_SPARK_SERVER`, the
     deployment-wide setting, which `spark.server` in the config overrides the same way: the DAG's task types for
     it are in test_with_a_spark_server_the_spark_tasks_send_their_apps_there), never spark-submit; the
-    SparkSubmitOperators of a config without a server run in test_sync_dag_with_nothing_new_skips_decode_and_merge
-    and tests/integration/test_standalone_cluster.py."""
+    SparkSubmitOperators of a config without a server run end to end in tests/integration/test_standalone_cluster.py
+    and skip before spark-submit in test_sync_dag_with_nothing_new_skips_decode_and_merge."""
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute(SCHEMA)
         for s in ROUND_1:
@@ -183,18 +184,24 @@ def test_sync_dag_runs_gold_equals_postgres(pg_db, airflow_home, tmp_path):
 @pytest.mark.spark
 @pytest.mark.airflow
 @pytest.mark.slow
-@pytest.mark.spark_submit  # the DAG's SparkSubmitOperators end to end
-def test_sync_dag_with_nothing_new_skips_decode_and_merge(pg_db, airflow_home, tmp_path):
+@pytest.mark.spark_submit  # the DAG's SparkSubmitOperators, skipped (the first run uses the server itself)
+def test_sync_dag_with_nothing_new_skips_decode_and_merge(pg_db, airflow_home, tmp_path, warm_spark_server):
     """A DAG run after which nothing is due skips its SparkSubmit tasks before spark-submit (no JVM) and still
-    reports; gold stays equal to PostgreSQL."""
+    reports; gold stays equal to PostgreSQL.
+
+    The first run, which loads the initial copy, sends its apps to this worker's warm server (the DAG of a
+    deployment with `SLOTLAKE_SPARK_SERVER`); the second is the DAG of a config without a server, whose decode and
+    merge are SparkSubmitOperators. Those operators' spark-submits run end to end in
+    tests/integration/test_standalone_cluster.py."""
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute(SCHEMA)
         for s in ROUND_1:
             conn.execute(s)
     cfg = write_config(tmp_path / "slotlake.yaml", pg_db)
     env = local_airflow_env(airflow_home, cfg)
-    first = dags_test(env, "slotlake_sync__shop")  # the initial copy is loaded: decode and merge run
-    assert "Spark-Submit cmd" in first and "decode and merge skipped" not in first
+    # the initial copy is loaded: decode and merge run
+    first = dags_test({**env, SPARK_SERVER_ENV: warm_spark_server}, "slotlake_sync__shop")
+    assert "finished on the Spark server" in first and "decode and merge skipped" not in first
     second = dags_test(env, "slotlake_sync__shop")
     assert "decode and merge skipped: nothing new" in second
     assert "Spark-Submit cmd" not in second  # neither SparkSubmitOperator reached spark-submit
