@@ -1,7 +1,7 @@
 """merge/silver_stats.py: which tables silver's files can hold changes of, from their statistics."""
 import pytest
 
-from slotlake.merge.silver_stats import SilverFileStats, has_changes, tables_in_window
+from slotlake.merge.silver_stats import SilverFileStats, files_to_read, has_changes, tables_in_window
 from slotlake.names import TableName
 
 pytestmark = pytest.mark.unit
@@ -63,3 +63,17 @@ def test_the_tables_in_a_window_are_read_off_single_table_files():
     spoiler = SilverFileStats(None, None, None, None, 500, 600)
     assert tables_in_window([*files, spoiler], None, 450) == {ACCOUNTS, HISTORY}
     assert tables_in_window([*files, spoiler], None, 500) is None
+
+
+def test_the_files_to_read_are_those_that_may_hold_the_table_in_the_window():
+    def at(path: str | None, t: TableName, lsn_min: int, end_max: int) -> SilverFileStats:
+        return SilverFileStats(t.schema, t.schema, t.name, t.name, lsn_min, end_max, path)
+
+    files = [at("a", ACCOUNTS, 100, 200), at("h", HISTORY, 100, 200), at("b", ACCOUNTS, 300, 400),
+             SilverFileStats("public", "public", "accounts", "history", 150, 350, "m")]  # several tables
+    assert files_to_read(files, ACCOUNTS, None, 1000) == ["a", "b", "m"]
+    assert files_to_read(files, ACCOUNTS, 200, 1000) == ["b", "m"]  # a ends at the watermark
+    assert files_to_read(files, ACCOUNTS, None, 120) == ["a"]  # b and m start after the end
+    assert files_to_read(files, HISTORY, 350, 1000) == []
+    assert files_to_read([*files, at(None, ACCOUNTS, 500, 600)], ACCOUNTS, None, 1000) is None  # no path
+    assert files_to_read([*files, at(None, HISTORY, 500, 600)], ACCOUNTS, None, 1000) == ["a", "b", "m"]

@@ -70,11 +70,17 @@ from slotlake.merge.plan import (
     schema_mismatch,
     stage_metadata,
 )
-from slotlake.merge.silver_stats import SilverFileStats, files_of, has_changes, tables_in_window
+from slotlake.merge.silver_stats import SilverFileStats, files_of, files_to_read, has_changes, tables_in_window
 from slotlake.merge.typed_values import always_exact
 from slotlake.merge.typing_job import ensure_quarantine, ensure_table, has_bad_value, quarantine_bad_values
 from slotlake.merge.visibility_job import not_seen_by_copy
-from slotlake.merge.watermarks import delta_state, runs_tables_at, silver_file_stats, silver_layouts
+from slotlake.merge.watermarks import (
+    delta_state,
+    local_files,
+    runs_tables_at,
+    silver_file_stats,
+    silver_layouts,
+)
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
 from slotlake.source.visibility import CopySnapshot
@@ -85,6 +91,7 @@ log = logging.getLogger(__name__)
 
 RUNS_SCHEMA = contracts.RUNS
 _MAX_PARALLEL_TABLES = 8
+_LISTING_JOB_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
 
 
 @dataclass(frozen=True)
@@ -330,9 +337,16 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         # No silver file can hold a change of the table in its window: what the query below would count as 0.
         log.debug("merge %s: no silver file holds a change after %s; nothing to do", name, mark)
         return TableMergeResult(schema, table, 0, state.version)
-    batch = (session.read.format("delta").load(changes_path)
-             .where((F.col("schema_name") == schema) & (F.col("table_name") == table)
-                    & (F.col("commit_lsn") <= int(end))))
+    silver = session.read.format("delta").load(changes_path)
+    direct = _silver_files(changes_path, files, TableName(schema, table), mark, end)
+    if direct:
+        # The files Delta's data skipping would pick, from the statistics already read: read as Parquet with
+        # silver's schema, so the queries over the batch do not each run Delta's file filtering (a Spark job).
+        # Listed by the driver, not by a Spark job (Spark's default: one for 32 paths or more).
+        session.conf.set(_LISTING_JOB_THRESHOLD, str(len(direct) + 1))
+        silver = session.read.schema(silver.schema).parquet(*direct)
+    batch = silver.where((F.col("schema_name") == schema) & (F.col("table_name") == table)
+                         & (F.col("commit_lsn") <= int(end)))
     if mark is not None:
         # The watermark is an end position (a commit's end LSN, a copy's consistent point), and the next commit's
         # record may start exactly there (commit_lsn == the previous commit's end_lsn): select by end LSN.
@@ -506,6 +520,16 @@ def _footer_groups(changes_path: str, files: Sequence[SilverFileStats] | None, t
     if not chosen:
         return None
     return silver_layouts(changes_path, chosen)
+
+
+def _silver_files(changes_path: str, files: Sequence[SilverFileStats] | None, table: TableName, mark: Lsn | None,
+                  end: Lsn) -> list[str] | None:
+    """The local paths of the silver files that may hold `table`'s changes in (mark, end], from silver's
+    statistics; None when they are not known or the lake is not local (the merge reads silver through Delta)."""
+    if files is None:
+        return None
+    chosen = files_to_read(files, table, int(mark) if mark is not None else None, int(end))
+    return local_files(changes_path, chosen) if chosen else None
 
 
 def _dropped_tables(spark: SparkSession, paths: LakePaths, end: Lsn) -> tuple[str, ...]:

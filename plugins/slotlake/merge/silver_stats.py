@@ -82,6 +82,18 @@ def has_changes(files: Iterable[SilverFileStats], table: TableName, after: int |
     return any(f.in_window(after, upto) and f.may_hold(table) for f in files)
 
 
+def files_to_read(files: Iterable[SilverFileStats], table: TableName, after: int | None, upto: int) -> list[str] | None:
+    """The paths of the files that may hold a change of `table` in (after, upto]: the files Delta's data skipping
+    picks for the merge's filtered read (the same bounds); None when one has no path."""
+    out: list[str] = []
+    for f in files:
+        if f.in_window(after, upto) and f.may_hold(table):
+            if f.path is None:
+                return None
+            out.append(f.path)
+    return out
+
+
 def tables_in_window(files: Iterable[SilverFileStats], after: int | None, upto: int) -> set[TableName] | None:
     """The tables with files in the window, when every such file names its one table exactly; None when one does
     not (cut names, files of several tables, no statistics): then only a Spark query can say."""

@@ -109,6 +109,15 @@ def silver_file_stats(path: str) -> tuple[SilverFileStats, ...] | None:
         column("min.commit_end_lsn"), strict=True))
 
 
+def local_files(table_path: str, files: Sequence[str]) -> list[str] | None:
+    """The local paths of a Delta table's `files` (relative and URL-encoded, as its log names them); None when the
+    table is not on a local file system."""
+    if storage.is_s3(table_path) or not delta_log.readable(table_path):
+        return None
+    root = storage.local_path(table_path)
+    return [os.path.join(root, unquote(rel)) for rel in files]
+
+
 def silver_layouts(changes_path: str, files: Sequence[str]) -> list[LayoutGroup] | None:
     """The layout summaries (decode/layouts.py) in the footers of silver's `files` (paths relative to the table
     on a local lake), added up per layout; None when one has none or cannot be read, or the lake is not local
