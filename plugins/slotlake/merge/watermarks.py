@@ -124,13 +124,13 @@ def silver_layouts(changes_path: str, files: Sequence[str]) -> list[LayoutGroup]
     (the caller runs its Spark pass)."""
     import pyarrow.parquet as pq
 
-    if storage.is_s3(changes_path) or not delta_log.readable(changes_path):
+    local = local_files(changes_path, files)
+    if local is None:
         return None
-    root = storage.local_path(changes_path)
     groups: list[LayoutGroup] = []
     try:
-        for rel in files:
-            summary = read_layout_summary(pq.read_metadata(os.path.join(root, unquote(rel))).metadata)
+        for path in local:
+            summary = read_layout_summary(pq.read_metadata(path).metadata)
             if summary is None:
                 return None
             groups.extend(summary.groups)
