@@ -58,16 +58,17 @@ CHANGES_PER_TXN = 4  # tpcb-like: UPDATE accounts, tellers, branches; INSERT his
 
 
 def _config(lake: str, dsn: str, server: str | None = None, event_log: str | None = None,
-            conf: dict[str, str] | None = None, tables: list[str] | None = None):
+            conf: dict[str, str] | None = None, tables: list[str] | None = None, deletion_vectors: bool = False):
     """The Spark apps read the config from a file, so the bench writes one next to the lake (`conf`: spark.conf,
-    `tables`: the source's table list, TABLES by default)."""
+    `tables`: the source's table list, TABLES by default; `deletion_vectors`: the source's option of that name)."""
     path = Path(lake).parent / "slotlake.yaml"
     if not path.exists():
         spark = {"master": "local[2]", **({"server": server} if server else {}), "conf": dict(conf or {})}
         if event_log:  # Spark's event log of every app: where each second goes (bench/README.md "Profile")
             spark["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log})
         path.write_text(json.dumps({"lake": lake, "spark": spark,
-                                    "sources": {"bench": {"dsn": dsn, "tables": tables or TABLES}}}))  # JSON is YAML
+                                    "sources": {"bench": {"dsn": dsn, "tables": tables or TABLES,
+                                                          "deletion_vectors": deletion_vectors}}}))  # JSON is YAML
     return load_config(str(path))
 
 
@@ -171,6 +172,9 @@ def main() -> None:
     ap.add_argument("--server", action="store_true",
                     help="run the Spark apps in a `slotlake spark-server` (spark.server) started before the first "
                          "sync: its start-up is reported apart, the stages pay no JVM start")
+    ap.add_argument("--deletion-vectors", action="store_true",
+                    help="config `deletion_vectors: true`: gold MERGEs mark changed rows instead of rewriting files "
+                         "(with --scale 100: what a small batch into a 10 M-row table costs)")
     ap.add_argument("--auto-server", action="store_true",
                     help="`spark.server: auto`: the first sync starts the server (inside its time), the later "
                          "ones reuse it, as scheduled syncs do; it is stopped at the end")
@@ -195,7 +199,8 @@ def main() -> None:
         if args.auto_server:  # its state (pid, address, log) in this run's folder
             os.environ["SLOTLAKE_STATE_DIR"] = str(Path(tmp) / "state")
         cfg = _config(lake, dsn, "auto" if args.auto_server else f"127.0.0.1:{free_port()}" if args.server else None,
-                      str(Path(args.event_log).resolve()) if args.event_log else None)
+                      str(Path(args.event_log).resolve()) if args.event_log else None,
+                      deletion_vectors=args.deletion_vectors)
         paths = LakePaths.of(lake, "bench")
         if args.auto_server:  # stopped at the end, as `slotlake spark-server --stop` does
             from slotlake.spark.auto_server import stop_server
@@ -242,6 +247,7 @@ def main() -> None:
             replay(cfg, "bench", lsn_before, _silver_end(paths), dest=str(Path(tmp) / "replayed"))
             replay_s = time.perf_counter() - t
         fixed = fixed_cost(cfg, pg, args.repeat)
+        accounts = delta_log.latest_slotlake_commit(paths.gold("public", "pgbench_accounts"))
         stack.close()  # stops the Spark server, if any
         load_end = os.getloadavg()
         mb = (ext["bytes"] or 0) / 1e6
@@ -261,6 +267,12 @@ def main() -> None:
                   f"{mb / replay_s:>7.2f}   slotlake replay bench --from {lsn_before} --to {_silver_end(paths)} "
                   f"--dest DIR ({where})")
         print(f"extract peak RSS: {ext['max_rss_mb']:.0f} MB")
+        if accounts is not None and args.repeat:  # what the last small sync did to the biggest table
+            m = accounts.metrics
+            print(f"last 1,000-change sync, pgbench_accounts ({args.scale * 100_000:,} rows) {accounts.operation}: "
+                  f"files removed {m.get('numTargetFilesRemoved', 0)}, added {m.get('numTargetFilesAdded', 0)}, "
+                  f"rows copied {m.get('numTargetRowsCopied', 0):,}, deletion vectors added "
+                  f"{m.get('numTargetDeletionVectorsAdded', 0)}, bytes written {m.get('numTargetBytesAdded', 0):,}")
         for name, runs in fixed.items():
             if not runs:  # --repeat 0
                 continue

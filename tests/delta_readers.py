@@ -135,23 +135,52 @@ def column_mapping(path: Path | str) -> str | None:
     return mode if mode in ("name", "id") else None
 
 
+def deletion_vectors(path: Path | str) -> bool:
+    """Whether the table has the `deletionVectors` reader feature (config `deletion_vectors`)."""
+    return "deletionVectors" in (_rs_table(path).protocol().reader_features or [])
+
+
 def read_delta_rs(path: Path | str) -> pa.Table:
     """The table as delta-rs reads it. A column-mapped table (gold with column names Delta stores only under column
     mapping, or `schema_changes.rename: column_mapping`) is read through delta-rs's query engine (`QueryBuilder`),
     which applies the mapping: deltalake 1.6's `to_pyarrow_table()` reads its columns as NULL (README,
-    Troubleshooting)."""
+    Troubleshooting). So is a table with deletion vectors (config `deletion_vectors`), which `to_pyarrow_table()`
+    refuses and the query engine (and Polars) read with the deleted rows left out."""
     import deltalake
 
     try:
-        if column_mapping(path):
+        if column_mapping(path) or deletion_vectors(path):
             result = deltalake.QueryBuilder().register("t", _rs_table(path)).execute("SELECT * FROM t")
-            return pa.table(result.read_all())
+            return _without_views(pa.table(result.read_all()))
         return _rs_table(path).to_pyarrow_table()
     except Exception as e:
         raise AssertionError(
             f"delta-rs (deltalake {deltalake.__version__}) cannot read the Delta table {path}: "
             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} (protocol {protocol(path)}); slotlake "
             "must not give a table a reader feature delta-rs lacks unless the user opted in") from None
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """`t` with Arrow's view types (which delta-rs's query engine returns) as the plain ones `to_pyarrow_table()`
+    gives: pyarrow's compute kernels (filter, take, sort) do not all take views."""
+    if pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_large_list(t) or pa.types.is_large_list_view(t):
+        return pa.large_list(_plain(t.value_type))
+    if pa.types.is_list(t) or pa.types.is_list_view(t):
+        return pa.list_(_plain(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _plain(f.type), f.nullable) for f in t])
+    if pa.types.is_map(t):
+        return pa.map_(_plain(t.key_type), _plain(t.item_type))
+    return t
+
+
+def _without_views(table: pa.Table) -> pa.Table:
+    schema = pa.schema([pa.field(f.name, _plain(f.type), f.nullable, f.metadata) for f in table.schema])
+    return table if schema == table.schema else table.cast(schema)
 
 
 def read_spark(spark: Any, path: Path | str) -> pa.Table:

@@ -12,6 +12,7 @@
         schedule: "0 * * * *"
         delete_mode: hard
         history: false
+        deletion_vectors: false         # true, or [tables]: gold MERGEs mark rows deleted instead of rewriting files
         numeric: {unconstrained: decimal}   # or string; per table/column: tables: {public.t: {columns: {c: string}}}
     storage:                            # only with lake: s3a://bucket/prefix (credentials: AWS_* environment)
       endpoint: http://127.0.0.1:9000   # an S3-compatible store; left out for AWS S3
@@ -141,10 +142,18 @@ class SourceConfig:
     origin: str = "any"  # any | none: `none` skips changes other logical replication applied (PostgreSQL 16+)
     schema_changes: SchemaChanges = SchemaChanges()
     history_tables: tuple[str, ...] | None = None  # `history: [tables]`: only these (None: all, when history)
+    # `deletion_vectors: true | [tables]`: gold tables with Delta's deletion vectors (README "Big gold tables")
+    deletion_vectors: bool = False
+    deletion_vectors_tables: tuple[str, ...] | None = None  # None: every table, when deletion_vectors
 
     def keeps_history(self, table: str) -> bool:
         """Whether the merge keeps `table`'s SCD2 history table (gold_history/<schema>/<table>)."""
         return self.history and (self.history_tables is None or table in self.history_tables)
+
+    def uses_deletion_vectors(self, table: str) -> bool:
+        """Whether `table`'s gold table has Delta's deletion vectors turned on (config `deletion_vectors`)."""
+        return self.deletion_vectors and (self.deletion_vectors_tables is None
+                                          or table in self.deletion_vectors_tables)
 
     @property
     def insert_only_publication(self) -> str:
@@ -208,7 +217,7 @@ _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_
 _SNAPSHOT_KEYS = {"workers", "part_pages"}
 _SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
                 "start_date", "on_bad_value", "on_drop_column", "schemas", "insert_only", "lock_timeout_s",
-                "numeric",
+                "numeric", "deletion_vectors",
                 "origin", "schema_changes"}
 _NUMERIC_KEYS = {"unconstrained", "tables"}
 _NUMERIC_TABLE_KEYS = {"unconstrained", "columns"}
@@ -364,19 +373,10 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
     delete_mode = raw.get("delete_mode", "hard")
     if delete_mode not in ("hard", "soft"):
         raise ConfigError(f"{where}.delete_mode: {delete_mode!r} must be hard or soft")
-    history = raw.get("history", False)
-    history_tables = None
-    if isinstance(history, list):  # per table: only these keep a history table
-        history_tables = tuple(_parse_table(t, f"{where}.history") for t in history)
-        synced = None if tables is None else tables + tuple(insert_only)
-        unknown = [t for t in history_tables if synced is not None and t not in synced]
-        if unknown:
-            raise ConfigError(f"{where}.history: {', '.join(unknown)} is not one of the source's tables "
-                              f"({', '.join(synced or ())})")
-        history = bool(history_tables)
-    elif not isinstance(history, bool):
-        raise ConfigError(f"{where}.history: must be true or false, or a list of the source's tables like "
-                          "[public.orders]")
+    synced = None if tables is None else tables + tuple(insert_only)
+    history, history_tables = _flag_or_tables(raw.get("history", False), f"{where}.history", synced)
+    deletion_vectors, dv_tables = _flag_or_tables(raw.get("deletion_vectors", False), f"{where}.deletion_vectors",
+                                                  synced)
     start_date = str(raw.get("start_date", "2024-01-01"))
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", start_date):
         raise ConfigError(f"{where}.start_date: {start_date!r} must be YYYY-MM-DD")
@@ -403,7 +403,22 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
                         start_date=start_date,
                         on_bad_value=on_bad_value, on_drop_column=on_drop_column, schemas=schemas,
                         insert_only=tuple(insert_only), lock_timeout_s=lock_timeout_s, numeric=numeric,
-                        origin=origin, schema_changes=schema_changes)
+                        origin=origin, schema_changes=schema_changes, deletion_vectors=deletion_vectors,
+                        deletion_vectors_tables=dv_tables)
+
+
+def _flag_or_tables(value: Any, where: str, synced: tuple[str, ...] | None) -> tuple[bool, tuple[str, ...] | None]:
+    """A per-source switch that is true, false or a list of the source's tables: (on, tables or None for all)."""
+    if isinstance(value, list):  # per table: only these
+        listed = tuple(_parse_table(t, where) for t in value)
+        unknown = [t for t in listed if synced is not None and t not in synced]
+        if unknown:
+            raise ConfigError(f"{where}: {', '.join(unknown)} is not one of the source's tables "
+                              f"({', '.join(synced or ())})")
+        return bool(listed), listed
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: must be true or false, or a list of the source's tables like [public.orders]")
+    return value, None
 
 
 def _parse_schema_changes(raw: Any, where: str) -> SchemaChanges:

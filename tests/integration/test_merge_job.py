@@ -316,6 +316,41 @@ def test_soft_deletes_keep_the_last_state(spark, tmp_path):
         (5, "five", True, 700), (9, "tmp", True, 500)]
 
 
+def test_deletion_vectors_turn_on_and_off_for_an_existing_gold_table(spark, tmp_path):
+    """Config `deletion_vectors` on an existing gold table: the next merge turns them on (its MERGE marks the
+    changed rows instead of rewriting the file), and off again when the config no longer names the table."""
+    from delta.tables import DeltaTable
+
+    from slotlake import delta_log
+
+    def last(lake):
+        h = DeltaTable.forPath(spark, lake.paths.gold("public", "items")).history(1).collect()[0]
+        return h["operation"], dict(h["operationMetrics"])
+
+    off = Lake(spark, tmp_path)
+    off.decode([ITEMS.ins(100, i, str(i), f"v{i}") for i in range(1, 41)], 150)  # files of several rows
+    off.merge()
+    gold = off.paths.gold("public", "items")
+    rest = [(i, f"v{i}", 100) for i in range(4, 41)]
+    assert delta_log.table_properties(gold).get("delta.enableDeletionVectors") is None
+    on = Lake(spark, tmp_path, deletion_vectors=["public.items"])
+    on.decode([ITEMS.upd(200, 0, "2", "b2"), ITEMS.dele(200, 1, "3", "c")], 250)
+    on.merge()
+    assert on.gold(ITEMS, "_slotlake_lsn") == sorted([(1, "v1", 100), (2, "b2", 200), *rest], key=repr)
+    assert delta_log.table_properties(gold)["delta.enableDeletionVectors"] == "true"
+    op, metrics = last(on)
+    # The touched files were marked, not rewritten: no row copied, no file removed.
+    assert op == "MERGE" and int(metrics["numTargetDeletionVectorsAdded"]) >= 1, metrics
+    assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsCopied"]) == ("0", "0"), metrics
+    assert on.merge().tables[0].up_to_date  # the property's commit kept the watermark: a re-run is a no-op
+    off.decode([ITEMS.upd(300, 0, "1", "a3")], 350)
+    off.merge()
+    assert off.gold(ITEMS, "_slotlake_lsn") == sorted([(1, "a3", 300), (2, "b2", 200), *rest], key=repr)
+    assert delta_log.table_properties(gold)["delta.enableDeletionVectors"] == "false"
+    op, metrics = last(off)
+    assert op == "MERGE" and int(metrics.get("numTargetDeletionVectorsAdded", 0)) == 0, metrics
+
+
 def test_soft_delete_by_key_change_keeps_the_old_key_and_state(spark, tmp_path):
     """A key change soft-deletes the row under its OLD key with the state it had there; a later update of the new
     key must touch only the one live row (a bug once left the new key on the deleted row: two live copies)."""

@@ -221,6 +221,18 @@ def test_history_per_source_or_per_table():
         parse_config(with_change("sources.shop.history", ["public.nope"]))
 
 
+def test_deletion_vectors_per_source_or_per_table():
+    shop = parse_config(with_change("sources.shop.deletion_vectors", ["Public.Orders"])).source("shop")
+    assert shop.uses_deletion_vectors("public.orders") and not shop.uses_deletion_vectors("public.customers")
+    every = parse_config(with_change("sources.shop.deletion_vectors", True)).source("shop")
+    assert every.uses_deletion_vectors("public.orders") and every.uses_deletion_vectors("public.customers")
+    assert not parse_config(GOOD).source("shop").uses_deletion_vectors("public.orders")  # default: off
+    with pytest.raises(ConfigError, match=r"sources\.shop\.deletion_vectors: public\.nope is not one of the "):
+        parse_config(with_change("sources.shop.deletion_vectors", ["public.nope"]))
+    with pytest.raises(ConfigError, match=r"sources\.shop\.deletion_vectors: must be true or false, or a list"):
+        parse_config(with_change("sources.shop.deletion_vectors", "yes"))
+
+
 @pytest.mark.parametrize("path,value,fragment", [
     ("sources.shop.schemas", ["public"], "sources.shop: set tables or schemas, not both"),
     ("sources.crm.schemas", [], "sources.crm.schemas: must be a non-empty list"),

@@ -21,6 +21,7 @@ from slotlake.lsn import Lsn
 from slotlake.merge.evolution import ColumnHistoryEvent, Evolution, column_events
 from slotlake.merge.plan import (
     COLUMN_MAPPING,
+    DELETION_VECTORS,
     KeyStrategy,
     TablePlan,
     TableShape,
@@ -233,6 +234,19 @@ def evolve_gold(session: SparkSession, gold: str, name: str, evo: Evolution, pla
     for line in done:
         log.info("%s: gold schema: %s", name, line)
     return done
+
+
+def set_deletion_vectors(session: SparkSession, gold: str, on: bool) -> bool:
+    """Turn gold's deletion vectors on or off as the config says (`SourceConfig.uses_deletion_vectors`), if the
+    table is not that way yet: one metadata commit without slotlake's watermark, like the schema ALTERs. Turning
+    them off stops new ones; the reader feature and the vectors already written stay until the files are
+    rewritten (README "Big gold tables"). Returns whether the table changed."""
+    current = _LazyProperties(session, gold).get(DELETION_VECTORS) == "true"
+    if current == on:
+        return False
+    session.sql(f"ALTER TABLE delta.{_q(gold)} SET TBLPROPERTIES ('{DELETION_VECTORS}' = '{str(on).lower()}')")
+    log.info("%s: deletion vectors turned %s (config deletion_vectors)", gold, "on" if on else "off")
+    return True
 
 
 class _LazyProperties:

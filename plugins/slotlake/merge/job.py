@@ -47,6 +47,7 @@ from slotlake.merge.evolve_job import (
     evolve_gold,
     gold_at_watermark,
     layouts_of,
+    set_deletion_vectors,
     shape_col,
     sorted_fields,
     table_definitions,
@@ -58,6 +59,7 @@ from slotlake.merge.plan import (
     COLUMN_MAPPING,
     COMMIT_TS_COL,
     DELETED_COL,
+    DELETION_VECTORS,
     DUP_COL,
     LSN_COL,
     TXN_APP_ID,
@@ -92,6 +94,8 @@ log = logging.getLogger(__name__)
 RUNS_SCHEMA = contracts.RUNS
 _MAX_PARALLEL_TABLES = 8
 _LISTING_JOB_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
+_BROADCAST_THRESHOLD = "spark.sql.autoBroadcastJoinThreshold"
+_DV_BROADCAST_BYTES = 1 << 20  # a table with deletion vectors: see `_merge_table`
 
 
 @dataclass(frozen=True)
@@ -403,6 +407,8 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
             writer = session.createDataFrame([], wanted).write.format("delta").mode("ignore")
             if needs_column_mapping(wanted.fieldNames()):
                 writer = writer.option(COLUMN_MAPPING, "name")
+            if src.uses_deletion_vectors(name):
+                writer = writer.option(DELETION_VECTORS, "true")
             writer.save(gold)
 
     after = batch
@@ -461,6 +467,15 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     if unapplied:
         log.warning("%s is merged insert-only (REPLICA IDENTITY NOTHING, or keyless): %d update(s)/"
                     "delete(s) up to %s cannot be applied", name, unapplied, end)
+    if exists:  # config `deletion_vectors` (a new table got it when created above)
+        set_deletion_vectors(session, gold, src.uses_deletion_vectors(name))
+    if src.uses_deletion_vectors(name) and _BROADCAST_THRESHOLD not in (user_conf or {}):
+        # A MERGE with deletion vectors joins its source with the touched files' rows (key, file path, row index)
+        # and may broadcast that side, which Spark sizes from gold's compressed files scaled to the key column:
+        # 10 M pgbench accounts were estimated under the 10 MB default and built a 1.1 GB hash table (driver out
+        # of memory). At 1 MB a broadcast target stays small whatever the estimate's error (bench/README.md,
+        # "Big gold tables").
+        session.conf.set(_BROADCAST_THRESHOLD, str(_DV_BROADCAST_BYTES))
     _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc, append_df)
     version, metrics = _last_commit(session, gold)
     result = TableMergeResult(

@@ -37,6 +37,9 @@ TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 COLUMN_MAPPING = "delta.columnMapping.mode"
+# Delta's deletion vectors (config `deletion_vectors`): a MERGE marks the rows it changes in a file instead of
+# rewriting the file. Adds the `deletionVectors` reader feature (README "Big gold tables": who reads it).
+DELETION_VECTORS = "delta.enableDeletionVectors"
 # Delta refuses these in column names unless the table maps columns by name (physical names are then generated).
 _NEEDS_MAPPING = frozenset(" ,;{}()\n\t=")
 

@@ -31,6 +31,7 @@ from slotlake.merge.plan import (
     COLUMN_MAPPING,
     COMMIT_TS_COL,
     DELETED_COL,
+    DELETION_VECTORS,
     DUP_COL,
     LSN_COL,
     USER_METADATA,
@@ -141,6 +142,8 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
                       .tableProperty(SNAPSHOT_PROPERTY, json.dumps(_property_doc(copy), separators=(",", ":"))))
             if needs_column_mapping(shape.columns):
                 writer = writer.tableProperty(COLUMN_MAPPING, "name")
+            if src.uses_deletion_vectors(copy.table):
+                writer = writer.tableProperty(DELETION_VECTORS, "true")
             writer.createOrReplace()
         finally:
             spark.conf.unset(USER_METADATA)
