@@ -325,7 +325,7 @@ def test_deletion_vectors_turn_on_and_off_for_an_existing_gold_table(spark, tmp_
 
     def last(lake):
         h = DeltaTable.forPath(spark, lake.paths.gold("public", "items")).history(1).collect()[0]
-        return h["operation"], dict(h["operationMetrics"])
+        return h["operation"], dict(h["operationMetrics"]), h["operationParameters"]["predicate"]
 
     off = Lake(spark, tmp_path)
     off.decode([ITEMS.ins(100, i, str(i), f"v{i}") for i in range(1, 41)], 150)  # files of several rows
@@ -338,17 +338,20 @@ def test_deletion_vectors_turn_on_and_off_for_an_existing_gold_table(spark, tmp_
     on.merge()
     assert on.gold(ITEMS, "_slotlake_lsn") == sorted([(1, "v1", 100), (2, "b2", 200), *rest], key=repr)
     assert delta_log.table_properties(gold)["delta.enableDeletionVectors"] == "true"
-    op, metrics = last(on)
-    # The touched files were marked, not rewritten: no row copied, no file removed.
+    op, metrics, predicate = last(on)
+    # The touched files were marked, not rewritten: no row copied, no file removed; and gold's rows were filtered by
+    # the batch's keys before the MERGE's joins (`_key_filter`).
     assert op == "MERGE" and int(metrics["numTargetDeletionVectorsAdded"]) >= 1, metrics
+    assert "IN (2,3)" in predicate, predicate
     assert (metrics["numTargetFilesRemoved"], metrics["numTargetRowsCopied"]) == ("0", "0"), metrics
     assert on.merge().tables[0].up_to_date  # the property's commit kept the watermark: a re-run is a no-op
     off.decode([ITEMS.upd(300, 0, "1", "a3")], 350)
     off.merge()
     assert off.gold(ITEMS, "_slotlake_lsn") == sorted([(1, "a3", 300), (2, "b2", 200), *rest], key=repr)
     assert delta_log.table_properties(gold)["delta.enableDeletionVectors"] == "false"
-    op, metrics = last(off)
+    op, metrics, predicate = last(off)
     assert op == "MERGE" and int(metrics.get("numTargetDeletionVectorsAdded", 0)) == 0, metrics
+    assert " IN (" not in predicate, predicate
 
 
 def test_soft_delete_by_key_change_keeps_the_old_key_and_state(spark, tmp_path):

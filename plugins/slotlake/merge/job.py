@@ -20,11 +20,12 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
     BooleanType,
     DateType,
+    IntegralType,
     NumericType,
     StringType,
     TimestampNTZType,
@@ -96,6 +97,7 @@ _MAX_PARALLEL_TABLES = 8
 _LISTING_JOB_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold"
 _BROADCAST_THRESHOLD = "spark.sql.autoBroadcastJoinThreshold"
 _DV_BROADCAST_BYTES = 1 << 20  # a table with deletion vectors: see `_merge_table`
+_KEY_FILTER_MAX = 5_000  # keys of a batch `_key_filter` names in the MERGE condition, at most
 
 
 @dataclass(frozen=True)
@@ -476,7 +478,11 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         # of memory). At 1 MB a broadcast target stays small whatever the estimate's error (bench/README.md,
         # "Big gold tables").
         session.conf.set(_BROADCAST_THRESHOLD, str(_DV_BROADCAST_BYTES))
-    _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc, append_df)
+    keys = None
+    if src.uses_deletion_vectors(name) and exists and trunc is None and source_df is not None and plan is not None \
+            and plan.strategy is KeyStrategy.KEYED:
+        keys = _key_filter(plan, source_df)
+    _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc, append_df, keys)
     version, metrics = _last_commit(session, gold)
     result = TableMergeResult(
         schema, table, n, version,
@@ -667,9 +673,32 @@ def _gold_holds_any(target: DataFrame, batch_keys: DataFrame, cond) -> bool:
     return bool(target.join(batch_keys, cond, "left_semi").limit(1).count())
 
 
+def _key_filter(plan: TablePlan, source_df: DataFrame) -> Column | None:
+    """For a small keyed MERGE into a table with deletion vectors: a condition on gold's key columns that every
+    row the MERGE can match passes (each key column IN the batch's values of it, or NULL where the batch has a
+    NULL), so Spark filters gold's rows by it before they reach the MERGE's joins: a few hundred keys of a 10 M-row
+    table then join as a few hundred rows, not as every row of the files they touch (bench/README.md, "Big gold
+    tables"). None when the batch has more than `_KEY_FILTER_MAX` keys or a key column of another type than
+    integers and strings (values that round-trip through Python exactly)."""
+    nkeys = len(plan.key_positions)
+    names = [f"__k{j}" for j in range(nkeys)]
+    if not all(isinstance(source_df.schema[c].dataType, (IntegralType, StringType)) for c in names):
+        return None
+    rows = source_df.select(*names).distinct().limit(_KEY_FILTER_MAX + 1).collect()
+    if len(rows) > _KEY_FILTER_MAX:
+        return None
+    conds = []
+    for j, k in enumerate(plan.key_positions):
+        col = F.col(f"t.{_q(plan.shape.columns[k])}")
+        values = sorted({r[j] for r in rows if r[j] is not None})
+        cond = col.isin(values) if values else F.lit(False)
+        conds.append(cond | col.isNull() if any(r[j] is None for r in rows) else cond)
+    return lineage.and_all(conds)
+
+
 def _execute_merge(session: SparkSession, src: SourceConfig, gold: str, schema: str, table: str, end: Lsn,
                    plan: TablePlan | None, soft: bool, source_df: DataFrame | None, trunc: _Truncate | None,
-                   append_df: DataFrame | None = None) -> None:
+                   append_df: DataFrame | None = None, key_filter: Column | None = None) -> None:
     from delta.tables import DeltaTable
 
     target = DeltaTable.forPath(session, gold).alias("t")
@@ -686,6 +715,8 @@ def _execute_merge(session: SparkSession, src: SourceConfig, gold: str, schema: 
         if plan.strategy is KeyStrategy.KEYED:
             cond = lineage.and_all([F.col(f"t.{_q(cols[k])}").eqNullSafe(F.col(f"s.__k{j}"))
                          for j, k in enumerate(plan.key_positions)])
+            if key_filter is not None:
+                cond = cond & key_filter
             builder = target.merge(source_df.alias("s"), cond)
             if soft:
                 # A soft-deleted row keeps its last state; values a partial lineage lacks keep gold's.
