@@ -10,7 +10,7 @@ a first `sync` (publication, slot, initial copy of the pgbench tables: timed, no
 tpcb-like script (`pgbench -t`, each transaction = 3 UPDATEs + 1 INSERT = 4 row changes), then one more sync with
 its stages timed separately, the same functions the CLI and the DAG run (after the raw pull of the same slot,
 the baseline: `COPY (SELECT ... pg_logical_slot_peek_binary_changes ...) TO STDOUT` read into nothing):
-  preflight + extract   in a spawned child, whose ru_maxrss is the extract's peak RSS
+  preflight + extract   in a spawned child, whose VmHWM is the extract's peak RSS
   decode, merge         spark-submit apps (JVM start included: that is what a run costs); with --server, in
                         a `slotlake spark-server` started once before the first sync (config spark.server);
                         with --auto-server, `spark.server: auto`: the first sync (the initial copy) starts it
@@ -31,7 +31,6 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -51,6 +50,7 @@ from slotlake import delta_log  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres, pg_bindir  # noqa: E402
+from slotlake_dev.memory import peak_rss_mb  # noqa: E402
 from sparkserver import free_port, spark_server  # noqa: E402  (tests/sparkserver.py)
 
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
@@ -81,11 +81,11 @@ def _child_extract(lake: str, dsn: str, out: mp.Queue) -> None:
     task_preflight(cfg, "bench")
     extracted = task_extract(cfg, "bench")
     out.put({"seconds": time.perf_counter() - t0, "rows": extracted.get("rows"), "bytes": extracted.get("bytes"),
-             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+             "max_rss_mb": peak_rss_mb()})
 
 
 def preflight_and_extract(lake: str, dsn: str) -> dict:
-    ctx = mp.get_context("spawn")  # a fresh interpreter: ru_maxrss is this stage's own peak
+    ctx = mp.get_context("spawn")  # a fresh interpreter: its VmHWM is this stage's own peak
     out = ctx.Queue()
     proc = ctx.Process(target=_child_extract, args=(lake, dsn, out))
     proc.start()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing as mp
-import resource
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ import psycopg  # noqa: E402
 
 from slotlake.config import ExtractSettings, parse_config  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres  # noqa: E402
+from slotlake_dev.memory import peak_rss_mb  # noqa: E402
 
 SCHEMA = """
 CREATE TABLE accounts (aid int PRIMARY KEY, bid int NOT NULL, abalance int NOT NULL, filler char(84));
@@ -52,11 +52,11 @@ def _child_extract(lake: str, dsn: str, upto_nchanges: int, out: mp.Queue) -> No
     seconds = time.perf_counter() - t0
     out.put({"rows": result.rows, "bytes": result.bytes, "file_bytes": result.file_bytes, "files": len(result.files),
              "calls": result.calls, "seconds": seconds,
-             "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+             "max_rss_mb": peak_rss_mb()})
 
 
 def run_extract_in_child(lake: str, dsn: str, upto_nchanges: int) -> dict:
-    ctx = mp.get_context("spawn")  # a fresh interpreter: ru_maxrss is the extract's own peak
+    ctx = mp.get_context("spawn")  # a fresh interpreter: its VmHWM is the extract's own peak
     out = ctx.Queue()
     proc = ctx.Process(target=_child_extract, args=(lake, dsn, upto_nchanges, out))
     proc.start()

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing as mp
-import resource
 import sys
 import tempfile
 import time
@@ -29,6 +28,7 @@ import psycopg  # noqa: E402
 
 from slotlake.config import parse_config  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres  # noqa: E402
+from slotlake_dev.memory import peak_rss_mb  # noqa: E402
 
 SCHEMA = """
 CREATE TABLE accounts (aid int PRIMARY KEY, bid int NOT NULL, abalance int NOT NULL, filler char(84));
@@ -44,7 +44,7 @@ def _baseline(dsn: str, out: mp.Queue) -> None:
             for chunk in copy:
                 total += len(chunk)
     out.put({"seconds": time.monotonic() - t0, "bytes": total,
-             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+             "peak_rss_mb": peak_rss_mb()})
 
 
 def _snapshot(dsn: str, lake: str, workers: int, part_pages: int, out: mp.Queue) -> None:
@@ -57,7 +57,7 @@ def _snapshot(dsn: str, lake: str, workers: int, part_pages: int, out: mp.Queue)
     report = create_slot_with_snapshot(cfg, cfg.source("bench"), workers=workers, part_pages=part_pages)
     out.put({"seconds": time.monotonic() - t0, "rows": report.rows,
              "parquet_bytes": sum(c.bytes for c in report.copies), "parts": sum(c.parts for c in report.copies),
-             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+             "peak_rss_mb": peak_rss_mb()})
 
 
 def _child(target, *args) -> dict:
