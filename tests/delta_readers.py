@@ -131,13 +131,21 @@ def schema_of(table: pa.Table) -> list[tuple[str, str]]:
 
 def column_mapping(path: Path | str) -> str | None:
     """The table's `delta.columnMapping.mode` (name, id) or None."""
-    mode = _rs_table(path).metadata().configuration.get("delta.columnMapping.mode")
+    return _column_mapping(_rs_table(path))
+
+
+def _column_mapping(table) -> str | None:
+    mode = table.metadata().configuration.get("delta.columnMapping.mode")
     return mode if mode in ("name", "id") else None
 
 
 def deletion_vectors(path: Path | str) -> bool:
     """Whether the table has the `deletionVectors` reader feature (config `deletion_vectors`)."""
-    return "deletionVectors" in (_rs_table(path).protocol().reader_features or [])
+    return _deletion_vectors(_rs_table(path))
+
+
+def _deletion_vectors(table) -> bool:
+    return "deletionVectors" in (table.protocol().reader_features or [])
 
 
 def read_delta_rs(path: Path | str) -> pa.Table:
@@ -149,10 +157,11 @@ def read_delta_rs(path: Path | str) -> pa.Table:
     import deltalake
 
     try:
-        if column_mapping(path) or deletion_vectors(path):
-            result = deltalake.QueryBuilder().register("t", _rs_table(path)).execute("SELECT * FROM t")
+        table = _rs_table(path)  # its log read once
+        if _column_mapping(table) or _deletion_vectors(table):
+            result = deltalake.QueryBuilder().register("t", table).execute("SELECT * FROM t")
             return _without_views(pa.table(result.read_all()))
-        return _rs_table(path).to_pyarrow_table()
+        return table.to_pyarrow_table()
     except Exception as e:
         raise AssertionError(
             f"delta-rs (deltalake {deltalake.__version__}) cannot read the Delta table {path}: "

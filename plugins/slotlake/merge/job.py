@@ -409,7 +409,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
             writer = session.createDataFrame([], wanted).write.format("delta").mode("ignore")
             if needs_column_mapping(wanted.fieldNames()):
                 writer = writer.option(COLUMN_MAPPING, "name")
-            if src.uses_deletion_vectors(name):
+            if src.uses_deletion_vectors(name):  # config `deletion_vectors`
                 writer = writer.option(DELETION_VECTORS, "true")
             writer.save(gold)
 
@@ -469,19 +469,21 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     if unapplied:
         log.warning("%s is merged insert-only (REPLICA IDENTITY NOTHING, or keyless): %d update(s)/"
                     "delete(s) up to %s cannot be applied", name, unapplied, end)
-    if exists:  # config `deletion_vectors` (a new table got it when created above)
-        set_deletion_vectors(session, gold, src.uses_deletion_vectors(name))
-    if src.uses_deletion_vectors(name) and _BROADCAST_THRESHOLD not in (user_conf or {}):
-        # A MERGE with deletion vectors joins its source with the touched files' rows (key, file path, row index)
-        # and may broadcast that side, which Spark sizes from gold's compressed files scaled to the key column:
-        # 10 M pgbench accounts were estimated under the 10 MB default and built a 1.1 GB hash table (driver out
-        # of memory). At 1 MB a broadcast target stays small whatever the estimate's error (bench/README.md,
-        # "Big gold tables").
-        session.conf.set(_BROADCAST_THRESHOLD, str(_DV_BROADCAST_BYTES))
+    dv = src.uses_deletion_vectors(name)  # config `deletion_vectors`
+    if exists:  # (a new table got it when created above)
+        set_deletion_vectors(session, gold, dv)
     keys = None
-    if src.uses_deletion_vectors(name) and exists and trunc is None and source_df is not None and plan is not None \
-            and plan.strategy is KeyStrategy.KEYED:
-        keys = _key_filter(plan, source_df)
+    if dv:
+        if _BROADCAST_THRESHOLD not in (user_conf or {}):
+            # A MERGE with deletion vectors joins its source with the touched files' rows (key, file path, row
+            # index) and may broadcast that side, which Spark sizes from gold's compressed files scaled to the key
+            # column: 10 M pgbench accounts were estimated under the 10 MB default and built a 1.1 GB hash table
+            # (driver out of memory). At 1 MB a broadcast target stays small whatever the estimate's error
+            # (bench/README.md, "Big gold tables").
+            session.conf.set(_BROADCAST_THRESHOLD, str(_DV_BROADCAST_BYTES))
+        if exists and trunc is None and source_df is not None and plan is not None \
+                and plan.strategy is KeyStrategy.KEYED:
+            keys = _key_filter(plan, source_df)
     _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc, append_df, keys)
     version, metrics = _last_commit(session, gold)
     result = TableMergeResult(
