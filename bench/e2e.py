@@ -4,6 +4,7 @@
     .venv/bin/python bench/e2e.py --changes 200000     # a shorter run
     .venv/bin/python bench/e2e.py --server             # the Spark apps in a long-lived `slotlake spark-server`
     .venv/bin/python bench/e2e.py --auto-server        # `spark.server: auto`: the first sync starts that server
+    .venv/bin/python bench/e2e.py --server --bursts 2  # the same burst twice: the second shows a warm driver
 
 Starts a throw-away LocalPostgres, `pgbench -i` (pgbench_history gets REPLICA IDENTITY FULL: it has no key),
 a first `sync` (publication, slot, initial copy of the pgbench tables: timed, not counted), then the built-in
@@ -165,6 +166,9 @@ def main() -> None:
     ap.add_argument("--simple-update", action="store_true",
                     help="pgbench -N for the batch (accounts updated, history inserted, tellers and branches "
                          "untouched: 2 row changes per transaction; the issue's burst) instead of tpcb-like (4)")
+    ap.add_argument("--bursts", type=int, default=1,
+                    help="timed bursts, each synced on its own (default 1); with a server, the later ones show a "
+                         "warm driver's steady state (the first large batch after its start also compiles its code)")
     ap.add_argument("--repeat", type=int, default=3, help="idle and 1,000-change syncs to time (default 3)")
     ap.add_argument("--no-replay", dest="replay", action="store_false",
                     help="skip timing `slotlake replay --dest` of the same range (a backfill's rate per change)")
@@ -179,6 +183,8 @@ def main() -> None:
                     help="`spark.server: auto`: the first sync starts the server (inside its time), the later "
                          "ones reuse it, as scheduled syncs do; it is stopped at the end")
     args = ap.parse_args()
+    if args.bursts < 1:
+        ap.error("--bursts must be at least 1")
     if args.server and args.auto_server:
         ap.error("--server and --auto-server exclude each other")
     logging.basicConfig(level=logging.WARNING)
@@ -220,25 +226,28 @@ def main() -> None:
         first_s = time.perf_counter() - t
         pgbench(pg, "-n", "-c", "1", "-t", "1")  # one transaction and a sync: silver and _runs have an end, so
         sync(cfg, "bench")  # the replay below has a base point before the batch, as in a running pipeline
-        t = time.perf_counter()
-        pgbench(pg, "-n", *(["-N"] if args.simple_update else []), "-c", str(args.clients),
-                "-j", str(min(args.clients, 2)), "-t", str(txns))
-        bench_s = time.perf_counter() - t
-        silver_before = next((c.version for c in delta_log.commits(paths.changes)), -1) \
-            if delta_log.is_delta_table(paths.changes) else -1
-        lsn_before = _silver_end(paths)
+        bursts = []  # per burst: (pgbench s, raw pull, extract, stages, changes, silver end before it)
+        for _ in range(args.bursts):  # later bursts: the same driver again, as the next scheduled sync
+            t = time.perf_counter()
+            pgbench(pg, "-n", *(["-N"] if args.simple_update else []), "-c", str(args.clients),
+                    "-j", str(min(args.clients, 2)), "-t", str(txns))
+            bench_s = time.perf_counter() - t
+            silver_before = next((c.version for c in delta_log.commits(paths.changes)), -1) \
+                if delta_log.is_delta_table(paths.changes) else -1
+            lsn_before = _silver_end(paths)
 
-        stages = {}
-        raw = baseline(dsn)  # the same slot and publication names as bench/extract.py's baseline
-        ext = preflight_and_extract(lake, dsn)
-        stages["preflight + extract"] = ext["seconds"]
-        t = time.perf_counter()
-        task_decode(cfg, "bench")
-        stages[f"decode ({where})"] = time.perf_counter() - t
-        t = time.perf_counter()
-        task_merge(cfg, "bench")
-        stages[f"merge ({where})"] = time.perf_counter() - t
-        changes = decoded_rows(paths, silver_before)
+            stages = {}
+            raw = baseline(dsn)  # the same slot and publication names as bench/extract.py's baseline
+            ext = preflight_and_extract(lake, dsn)
+            stages["preflight + extract"] = ext["seconds"]
+            t = time.perf_counter()
+            task_decode(cfg, "bench")
+            stages[f"decode ({where})"] = time.perf_counter() - t
+            t = time.perf_counter()
+            task_merge(cfg, "bench")
+            stages[f"merge ({where})"] = time.perf_counter() - t
+            bursts.append((bench_s, raw, ext, stages, decoded_rows(paths, silver_before), lsn_before))
+        bench_s, raw, ext, stages, changes, lsn_before = bursts[-1]  # the replay re-applies the last burst
         replay_s = None
         if args.replay:  # the same range again, as a backfill would: re-decoded and merged into a copy of gold
             from slotlake.recover.replay import replay
@@ -250,23 +259,26 @@ def main() -> None:
         accounts = delta_log.latest_slotlake_commit(paths.gold("public", "pgbench_accounts"))
         stack.close()  # stops the Spark server, if any
         load_end = os.getloadavg()
-        mb = (ext["bytes"] or 0) / 1e6
         script = "simple-update (-N)" if args.simple_update else "tpcb-like"
-        print(f"\npgbench -i -s {args.scale}: {init_s:.1f}s; first sync (slot + initial copy): {first_s:.1f}s; "
-              f"pgbench {args.clients} clients x {txns} {script} transactions: {bench_s:.1f}s")
+        print(f"\npgbench -i -s {args.scale}: {init_s:.1f}s; first sync (slot + initial copy): {first_s:.1f}s")
         if server is not None:
             print(f"slotlake spark-server start-up (once, before the first sync): {server_s:.1f}s")
-        print(f"row changes decoded: {changes:,}; pgoutput messages archived: {ext['rows']:,} ({mb:.1f} MB)")
-        print(f"{'stage':<24} {'s':>8} {'changes/s':>11} {'MB/s':>7}")
-        for name, s in [*stages.items(), ("total", sum(stages.values()))]:
-            print(f"{name:<24} {s:>8.1f} {changes / s:>11,.0f} {mb / s:>7.2f}")
-        print(f"{'raw pull (baseline)':<24} {raw['seconds']:>8.1f} {changes / raw['seconds']:>11,.0f} "
-              f"{mb / raw['seconds']:>7.2f}   COPY of peek_binary_changes, same slot, read into nothing")
+        for i, (bench_s, raw, ext, stages, changes, _) in enumerate(bursts, start=1):
+            mb = (ext["bytes"] or 0) / 1e6
+            print(f"\nburst {i} of {len(bursts)}: pgbench {args.clients} clients x {txns} {script} transactions: "
+                  f"{bench_s:.1f}s")
+            print(f"row changes decoded: {changes:,}; pgoutput messages archived: {ext['rows']:,} ({mb:.1f} MB)")
+            print(f"{'stage':<24} {'s':>8} {'changes/s':>11} {'MB/s':>7}")
+            for name, s in [*stages.items(), ("total", sum(stages.values()))]:
+                print(f"{name:<24} {s:>8.1f} {changes / s:>11,.0f} {mb / s:>7.2f}")
+            print(f"{'raw pull (baseline)':<24} {raw['seconds']:>8.1f} {changes / raw['seconds']:>11,.0f} "
+                  f"{mb / raw['seconds']:>7.2f}   COPY of peek_binary_changes, same slot, read into nothing")
+            print(f"extract peak RSS: {ext['max_rss_mb']:.0f} MB")
+        print()
         if replay_s is not None:
             print(f"{'replay --dest, same range':<24} {replay_s:>8.1f} {changes / replay_s:>11,.0f} "
                   f"{mb / replay_s:>7.2f}   slotlake replay bench --from {lsn_before} --to {_silver_end(paths)} "
                   f"--dest DIR ({where})")
-        print(f"extract peak RSS: {ext['max_rss_mb']:.0f} MB")
         if accounts is not None and args.repeat:  # what the last small sync did to the biggest table
             m = accounts.metrics
             print(f"last 1,000-change sync, pgbench_accounts ({args.scale * 100_000:,} rows) {accounts.operation}: "

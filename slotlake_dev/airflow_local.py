@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from slotlake.errors import SlotlakeError
-from slotlake.spark.session import CHECKOUT as REPO_ROOT
+from slotlake.spark.code import CHECKOUT as REPO_ROOT
 
 log = logging.getLogger(__name__)
 

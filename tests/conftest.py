@@ -19,9 +19,20 @@ sys.path.insert(0, str(ROOT / "plugins"))
 sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 
 # Every JVM the tests start reads the suite's Spark settings (tests/spark-conf/spark-defaults.conf: interpreted
-# expressions for tables of a few rows); set before any Spark session, server or spark-submit exists.
-TEST_SPARK_CONF = str(ROOT / "tests" / "spark-conf")
-os.environ.setdefault("SPARK_CONF_DIR", TEST_SPARK_CONF)
+# expressions for tables of a few rows); set before any Spark session, server or spark-submit exists. They travel
+# as Java system properties in SPARK_SUBMIT_OPTS (a SparkConf reads `spark.*` properties; a config's --conf still
+# wins), not as SPARK_CONF_DIR: spark-submit puts that folder first on the driver's class path, and a JVM whose
+# class path holds a non-empty folder cannot map the class-data-sharing archive (slotlake.spark.cds).
+TEST_SPARK_CONF = ROOT / "tests" / "spark-conf" / "spark-defaults.conf"
+
+
+def _submit_opts(path: Path) -> str:
+    pairs = (line.split(None, 1) for line in path.read_text().splitlines() if line.strip() and line[0] != "#")
+    return " ".join(f"-D{k}={v.strip()}" for k, v in pairs)
+
+
+TEST_SUBMIT_OPTS = _submit_opts(TEST_SPARK_CONF)
+os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_SUBMIT_OPTS)
 
 from slotlake.config import SPARK_SERVER_ENV  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres, bindir_major, pg_bindir  # noqa: E402
@@ -209,13 +220,13 @@ def _warm_spark(request):
     long-lived server instead of a spark-submit each: the same app functions without a JVM start and a cold JIT
     per run (the production path of `spark.server`; a config's own `spark.server` still wins). The spark-submit
     path keeps its own tests (`@pytest.mark.spark_submit`, see `uses_warm_spark`); a test marked `spark_codegen`
-    also gets no `SPARK_CONF_DIR`, so its JVMs run Spark with production's settings, not tests/spark-conf."""
+    also gets no `SPARK_SUBMIT_OPTS`, so its JVMs run Spark with production's settings, not tests/spark-conf."""
     mp = pytest.MonkeyPatch()
     if uses_warm_spark(request.node):
         mp.setenv(SPARK_SERVER_ENV, request.getfixturevalue("warm_spark_server"))
     elif (request.node.get_closest_marker("spark_codegen") is not None
-          and os.environ.get("SPARK_CONF_DIR") == TEST_SPARK_CONF):
-        mp.delenv("SPARK_CONF_DIR")  # Spark as production runs it: codegen on in the JVMs this test starts
+          and os.environ.get("SPARK_SUBMIT_OPTS") == TEST_SUBMIT_OPTS):
+        mp.delenv("SPARK_SUBMIT_OPTS")  # Spark as production runs it: codegen on in the JVMs this test starts
     try:
         yield
     finally:

@@ -43,7 +43,8 @@ def test_is_local_master(master, local):
     assert is_local_master(master) is local
 
 
-def test_local_command_has_master_jars_app_and_args_and_no_py_files():
+def test_local_command_has_master_jars_app_and_args_and_no_py_files(monkeypatch):
+    monkeypatch.setenv("SLOTLAKE_CDS", "off")  # the class-data-sharing archive's option: tests/unit/test_cds.py
     app = spark_app(config(), "shop", "merge", tables=["public.a", "public.b"])
     cmd = spark_submit_command(app)
     assert cmd[0] == str(Path(sys.prefix) / "bin" / "spark-submit")

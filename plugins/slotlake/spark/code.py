@@ -12,6 +12,12 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # .../slotlake
+CHECKOUT = PACKAGE_DIR.parents[1]  # the repository when running from a checkout (plugins/slotlake)
+
+
+def jars_dir() -> Path:
+    """Where the Delta jars (and `s3/`, `cds/`) are: `$SLOTLAKE_JARS_DIR`, else `.jars/` of the checkout."""
+    return Path(os.environ.get("SLOTLAKE_JARS_DIR", CHECKOUT / ".jars"))
 
 
 def package_files() -> list[Path]:

@@ -12,10 +12,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from slotlake.spark.code import PACKAGE_DIR, code_zip
+from slotlake.spark.cds import java_options
+from slotlake.spark.code import PACKAGE_DIR, code_zip, jars_dir
 from slotlake.storage import StorageSettings, spark_s3a_conf
-
-CHECKOUT = PACKAGE_DIR.parents[1]  # the repository when running from a checkout (plugins/slotlake)
 
 # Settings every slotlake Spark session gets (config `spark.conf` may override all but the Delta wiring).
 BASE_CONF: dict[str, str] = {
@@ -62,10 +61,6 @@ def codegen_for_batch(session, rows: int, user_conf: Mapping[str, str]) -> str |
     for k, v in (INTERPRETED_CONF if small else GENERATED_CONF).items():
         session.conf.set(k, v)
     return "interpreted" if small else "generated code"
-
-
-def jars_dir() -> Path:
-    return Path(os.environ.get("SLOTLAKE_JARS_DIR", CHECKOUT / ".jars"))
 
 
 def delta_jars() -> list[str]:
@@ -126,6 +121,10 @@ def spark_conf(master: str = "local[*]", extra: Mapping[str, str] | None = None,
             conf["spark.jars"] += "," + ",".join(s3_jars())
     conf["spark.master"] = master
     conf.update(extra or {})
+    if "spark.driver.extraJavaOptions" not in conf:
+        cds = java_options()  # the class-data-sharing archive, when built (slotlake.spark.cds)
+        if cds:
+            conf["spark.driver.extraJavaOptions"] = cds
     if local is not None:
         # Executors import slotlake (the decoder runs there). On a local master they are this machine's: put the
         # folder holding the package on their PYTHONPATH (plugins/ in a checkout; site-packages when installed).

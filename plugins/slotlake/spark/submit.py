@@ -63,7 +63,9 @@ def app_conf(master: str, user_conf: Mapping[str, str] | None, storage: StorageS
     """The `--conf` settings of an app on `master` (without spark.master, which travels as --master)."""
     conf = spark_conf(master, user_conf, storage=storage)
     conf.setdefault("spark.log.level", "WARN")  # Spark's INFO start-up chatter would bury the app's own lines
-    conf.setdefault("spark.driver.extraJavaOptions", SUBMIT_DRIVER_JAVA_OPTIONS)
+    if "spark.driver.extraJavaOptions" not in (user_conf or {}):  # with the class-data-sharing archive, if any
+        conf["spark.driver.extraJavaOptions"] = " ".join(
+            filter(None, (SUBMIT_DRIVER_JAVA_OPTIONS, conf.get("spark.driver.extraJavaOptions"))))
     if "spark.pyspark.python" in conf:
         # The executors' Python (the cluster nodes'); the driver runs here, in client mode: this venv's, which
         # spark-submit would otherwise replace with the executors' too.
