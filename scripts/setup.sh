@@ -5,6 +5,7 @@
 #   - .venv/ at the repo root with the pinned requirements and slotlake itself (editable, all extras)
 #   - the Delta jars from Maven Central into .jars/ (spark.jars points there; Spark never downloads at start),
 #     and the S3 jars (hadoop-aws, the AWS SDK bundle) into .jars/s3/ (used only for an s3a:// lake)
+#   - the Spark driver's class-data-sharing archive into .jars/cds/ (slotlake.spark.cds; built once per Java and jars)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -58,9 +59,6 @@ ls .jars/*.jar .jars/s3/hadoop-aws-*.jar >/dev/null
 # The class-data-sharing archive of the Spark driver JVM (slotlake.spark.cds: ~4 s less per JVM start), built once
 # per Java, pyspark and jar set into .jars/cds/ by a JVM running a small Delta workload (~40 s). Optional: without it
 # Spark loads its classes from the jars as before.
-if ! PYTHONPATH="$root/plugins" SPARK_CONF_DIR= .venv/bin/python -c \
-    'import sys; from slotlake.spark.cds import archive_path as a; p = a(); sys.exit(0 if p and p.is_file() else 1)'; then
-  echo "setup: building the Spark driver's class-data-sharing archive into .jars/cds/"
-  PYTHONPATH="$root/plugins" SPARK_CONF_DIR= .venv/bin/python -m slotlake.spark.cds ||
-    echo "setup: no class-data-sharing archive; Spark runs without it (see the line above)"
-fi
+# Nothing to do when this Java's archive exists (it says "already built").
+PYTHONPATH="$root/plugins" SPARK_CONF_DIR= .venv/bin/python -m slotlake.spark.cds ||
+  echo "setup: no class-data-sharing archive; Spark runs without it (see the line above)"

@@ -112,15 +112,18 @@ def build(force: bool = False) -> Path | None:
 
 def main() -> int:
     started = time.monotonic()
+    force = "--force" in sys.argv[1:]
+    existed = not force and (path := archive_path()) is not None and path.is_file()
     try:
-        path = build(force="--force" in sys.argv[1:])
+        path = build(force=force)
     except RuntimeError as e:
         print(f"slotlake cds: {e}", file=sys.stderr)
         return 1
     if path is None:
         print("slotlake cds: no java found (JAVA_HOME or PATH); nothing built", file=sys.stderr)
         return 1
-    print(f"slotlake cds: {path} ({path.stat().st_size / 1e6:.0f} MB, {time.monotonic() - started:.0f} s)")
+    how = "already built" if existed else f"built in {time.monotonic() - started:.0f} s"
+    print(f"slotlake cds: {path} ({path.stat().st_size / 1e6:.0f} MB, {how})")
     return 0
 
 
