@@ -11,10 +11,16 @@ a first `sync` (publication, slot, initial copy of the pgbench tables: timed, no
 tpcb-like script (`pgbench -t`, each transaction = 3 UPDATEs + 1 INSERT = 4 row changes), then one more sync with
 its stages timed separately, the same functions the CLI and the DAG run (after the raw pull of the same slot,
 the baseline: `COPY (SELECT ... pg_logical_slot_peek_binary_changes ...) TO STDOUT` read into nothing):
-  preflight + extract   in a spawned child, whose VmHWM is the extract's peak RSS
-  decode, merge         spark-submit apps (JVM start included: that is what a run costs); with --server, in
-                        a `slotlake spark-server` started once before the first sync (config spark.server);
-                        with --auto-server, `spark.server: auto`: the first sync (the initial copy) starts it
+  preflight + extract   in a spawned child, whose VmHWM is the extract's peak RSS (the Spark app's JVM is
+                        another process)
+  decode, merge         one Spark app that decodes then merges, as `slotlake sync` runs them (the timed sync is
+                        `slotlake sync`'s own function in a spawned child): a spark-submit started once the
+                        extract has archived its first file (its JVM start overlaps the extract; what is left of
+                        it after the extract is counted in the decode; the app prints its merge's own time);
+                        with --server, in a `slotlake spark-server` started once before the first sync (config
+                        spark.server); with --auto-server, `spark.server: auto`: the first sync (the initial
+                        copy) starts it; with --separate-apps, the extract, then a decode app and a merge app,
+                        as the sync DAG's three tasks run them
 Then `slotlake replay --dest` of the same LSN range (a backfill's rate per change; `--no-replay` skips it).
 Then the fixed cost: an idle `sync` (nothing new since the last one) and a sync of ~1,000 row changes over the 4
 tables (250 tpcb-like transactions), each `--repeat` times as `.venv/bin/slotlake sync` in a new process
@@ -32,6 +38,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -83,6 +90,33 @@ def _child_extract(lake: str, dsn: str, out: mp.Queue) -> None:
     extracted = task_extract(cfg, "bench")
     out.put({"seconds": time.perf_counter() - t0, "rows": extracted.get("rows"), "bytes": extracted.get("bytes"),
              "max_rss_mb": peak_rss_mb()})
+
+
+def _child_sync(lake: str, dsn: str, out: mp.Queue) -> None:
+    from slotlake.pipeline import sync
+
+    logging.basicConfig(level=logging.WARNING, format="  %(message)s")
+    cfg = _config(lake, dsn)
+    with capture_stage_line() as found:
+        report = sync(cfg, "bench")
+    if not found:
+        raise SystemExit("the sync app printed no 'sync stages:' line")
+    out.put({"steps": dict(report.step_seconds), "merge": found[-1]["merge"], "rows": report.archived_changes,
+             "bytes": report.archived_bytes, "max_rss_mb": peak_rss_mb()})
+
+
+def timed_sync(lake: str, dsn: str) -> dict:
+    """`slotlake sync`'s own function in a spawned child (its VmHWM: the extract's peak; the Spark app is a process
+    of its own or runs in the server): its steps' seconds, and the merge's own time from the app's output."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_child_sync, args=(lake, dsn, out))
+    proc.start()
+    result = out.get()
+    proc.join()
+    if proc.exitcode:
+        raise SystemExit(f"sync child failed with exit code {proc.exitcode}")
+    return result
 
 
 def preflight_and_extract(lake: str, dsn: str) -> dict:
@@ -139,6 +173,35 @@ def _silver_end(paths: LakePaths) -> str:
     return str(last.end_lsn)
 
 
+_STAGE_LINE = re.compile(r"sync stages: decode ([0-9.]+)s, merge ([0-9.]+)s")
+
+
+@contextlib.contextmanager
+def capture_stage_line():
+    """The stage times the sync app prints (`sync stages: ...`), as its log lines pass through slotlake's logger."""
+    found: list[dict[str, float]] = []
+
+    class Grab(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            m = _STAGE_LINE.search(record.getMessage())
+            if m:
+                found.append({"decode": float(m.group(1)), "merge": float(m.group(2))})
+            if record.levelno >= logging.WARNING:  # the rest of the app's output stays out, as before
+                logging.getLogger().handle(record)
+
+    handler, logger = Grab(logging.INFO), logging.getLogger("slotlake.spark")
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield found
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
 def cli_sync(cfg) -> float:
     """Seconds of one `slotlake sync bench` in a new process, as a user or cron runs it (imports included)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "plugins")}
@@ -172,6 +235,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="idle and 1,000-change syncs to time (default 3)")
     ap.add_argument("--no-replay", dest="replay", action="store_false",
                     help="skip timing `slotlake replay --dest` of the same range (a backfill's rate per change)")
+    ap.add_argument("--separate-apps", action="store_true",
+                    help="time the decode and the merge as two Spark apps, as the sync DAG's tasks run them "
+                         "(default: one app that decodes then merges, as `slotlake sync` runs them)")
+    ap.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", default=[],
+                    help="a spark.conf setting of the config (repeatable), e.g. the driver's Java options")
     ap.add_argument("--event-log", metavar="DIR", help="write Spark's event log of every app into DIR")
     ap.add_argument("--server", action="store_true",
                     help="run the Spark apps in a `slotlake spark-server` (spark.server) started before the first "
@@ -206,7 +274,8 @@ def main() -> None:
             os.environ["SLOTLAKE_STATE_DIR"] = str(Path(tmp) / "state")
         cfg = _config(lake, dsn, "auto" if args.auto_server else f"127.0.0.1:{free_port()}" if args.server else None,
                       str(Path(args.event_log).resolve()) if args.event_log else None,
-                      deletion_vectors=args.deletion_vectors)
+                      deletion_vectors=args.deletion_vectors,
+                      conf=dict(kv.split("=", 1) for kv in args.spark_conf))
         paths = LakePaths.of(lake, "bench")
         if args.auto_server:  # stopped at the end, as `slotlake spark-server --stop` does
             from slotlake.spark.auto_server import stop_server
@@ -238,14 +307,21 @@ def main() -> None:
 
             stages = {}
             raw = baseline(dsn)  # the same slot and publication names as bench/extract.py's baseline
-            ext = preflight_and_extract(lake, dsn)
-            stages["preflight + extract"] = ext["seconds"]
-            t = time.perf_counter()
-            task_decode(cfg, "bench")
-            stages[f"decode ({where})"] = time.perf_counter() - t
-            t = time.perf_counter()
-            task_merge(cfg, "bench")
-            stages[f"merge ({where})"] = time.perf_counter() - t
+            if args.separate_apps:  # the sync DAG's way: the extract, then a decode app, then a merge app
+                ext = preflight_and_extract(lake, dsn)
+                stages["preflight + extract"] = ext["seconds"]
+                t = time.perf_counter()
+                task_decode(cfg, "bench")
+                stages[f"decode ({where})"] = time.perf_counter() - t
+                t = time.perf_counter()
+                task_merge(cfg, "bench")
+                stages[f"merge ({where})"] = time.perf_counter() - t
+            else:  # `slotlake sync` itself: the app's JVM starts during the extract, then decodes and merges
+                ext = timed_sync(lake, dsn)
+                steps = ext["steps"]
+                stages["preflight + extract"] = steps["preflight"] + steps["extract"]
+                stages[f"decode ({where})"] = steps["spark"] - ext["merge"]  # what is left of the app's start too
+                stages[f"merge ({where})"] = ext["merge"]
             bursts.append((bench_s, raw, ext, stages, decoded_rows(paths, silver_before), lsn_before))
         bench_s, raw, ext, stages, changes, lsn_before = bursts[-1]  # the replay re-applies the last burst
         replay_s = None

@@ -3,6 +3,7 @@ crash window of the stages (tests/integration/test_faults.py, test_history.py, t
 Unset, every check here is one environment lookup and nothing else.
 
     extract_after_write      source/extract.py    raises after placing a bronze file, before advancing the slot
+    extract_after_files:N    source/extract.py    raises after N files were placed and the slot advanced past them
     snapshot_after_parts:N   source/snapshot.py   raises after N parts of a copy were recorded
     decode_after_catalog     decode/job.py  the process dies after the catalog and DDL log commits, before silver
     merge_after_history      merge/history_job.py dies after a table's history commit, before its gold commit
@@ -14,6 +15,7 @@ import os
 
 ENV = "SLOTLAKE_FAILPOINT"
 EXTRACT_AFTER_WRITE = "extract_after_write"
+EXTRACT_AFTER_FILES = "extract_after_files:"
 SNAPSHOT_AFTER_PARTS = "snapshot_after_parts:"
 DECODE_AFTER_CATALOG = "decode_after_catalog"
 MERGE_AFTER_HISTORY = "merge_after_history"

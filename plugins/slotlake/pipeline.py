@@ -76,6 +76,9 @@ class SyncReport:
     slot: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # slot_status() after the run, as a dict
     spark: str | None = None  # what the Spark stage did or why it was skipped (PendingWork.describe())
     spark_skipped: bool = False  # nothing was due: no Spark app was started
+    # `slotlake sync`: seconds of its steps (preflight, extract, spark: the app's time after the extract, whose
+    # JVM start may have overlapped the extract); empty for the DAG's report task
+    step_seconds: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return plain(self)
@@ -89,7 +92,9 @@ class SyncReport:
                 f"({self.archived_bytes / 1e6:.1f} MB), decoded {decoded} changes, "
                 f"merged {merged} rows into {len(self.merged)} tables, quarantined {quarantined} values, "
                 f"end LSN {self.end_lsn}, slot lag {lag} bytes ({self.wal_status}), {self.seconds:.1f}s"
-                + (f"; {self.spark}" if self.spark_skipped else ""))
+                + (f"; {self.spark}" if self.spark_skipped else "")
+                + (" (" + ", ".join(f"{k} {v:.1f}s" for k, v in self.step_seconds.items()) + ")"
+                   if self.step_seconds else ""))
 
 
 def lake_versions(cfg: Config, source_name: str) -> dict[str, Any]:
@@ -120,15 +125,16 @@ def task_preflight(cfg: Config, source_name: str) -> dict[str, Any]:
     return plain(report)
 
 
-def task_extract(cfg: Config, source_name: str) -> dict[str, Any]:
-    """Archive the slot's changes into bronze and advance the slot. Returns what the report needs."""
+def task_extract(cfg: Config, source_name: str, on_first_file=None) -> dict[str, Any]:
+    """Archive the slot's changes into bronze and advance the slot. Returns what the report needs.
+    `on_first_file()`: run once the first file is archived (the CLI's sync starts its Spark app then)."""
     from slotlake.source.extract import extract
     from slotlake.source.lock import source_lock
 
     with source_lock(cfg.source(source_name), "extract"):
         before = lake_versions(cfg, source_name)
         started = time.time()
-        result = extract(cfg, cfg.source(source_name))
+        result = extract(cfg, cfg.source(source_name), on_first_file=on_first_file)
     out = plain(result)
     out["files"] = len(result.files)  # the names can be many; XCom keeps small values
     out["lake_versions"] = before
@@ -202,7 +208,8 @@ def gold_event_extra(source_name: str, merged: TableMerge) -> dict[str, Any]:
     return {"source": source_name, **plain(merged)}
 
 
-def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) -> SyncReport:
+def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any],
+                 step_seconds: Mapping[str, float] | None = None) -> SyncReport:
     """Summarise the run from the lake's Delta logs and the slot's state, and log the one summary line."""
     from slotlake.source.status import slot_status
 
@@ -236,6 +243,7 @@ def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) ->
         slot=status,
         spark=pending.describe(),
         spark_skipped=pending.idle,
+        step_seconds={k: round(v, 2) for k, v in (step_seconds or {}).items()},
     )
     log.info("%s", report.summary())
     return report
@@ -259,14 +267,28 @@ def sync(cfg: Config, source_name: str) -> SyncReport:
     throughout (the Spark app runs under it), so another run of the source waits or stops with the holder named
     (`slotlake.source.lock`)."""
     from slotlake.source.lock import source_lock
+    from slotlake.spark.early import EarlySyncApp
 
+    steps: dict[str, float] = {}
     with source_lock(cfg.source(source_name), "sync"):
+        t = time.monotonic()
         task_preflight(cfg, source_name)
-        extracted = task_extract(cfg, source_name)
-        pending = pending_of(extracted)
-        log.info("sync %s: %s", source_name, pending.describe())
-        if pending.decode is not None:
-            task_decode_and_merge(cfg, source_name)
-        elif pending.merge is not None:
-            task_merge(cfg, source_name)
-    return build_report(cfg, source_name, extracted)
+        steps["preflight"] = time.monotonic() - t
+        # With spark-submit, the app's JVM starts once the extract has archived a file, and waits for it
+        # (slotlake.spark.early); a Spark server is warm already.
+        with EarlySyncApp(lambda: spark_app(cfg, source_name, "sync")) as early:
+            t = time.monotonic()
+            extracted = task_extract(cfg, source_name, on_first_file=None if cfg.spark.server else early.start)
+            steps["extract"] = time.monotonic() - t
+            pending = pending_of(extracted)
+            log.info("sync %s: %s", source_name, pending.describe())
+            t = time.monotonic()
+            if pending.decode is not None:
+                if not early.run():
+                    task_decode_and_merge(cfg, source_name)
+            elif pending.merge is not None:
+                early.close()
+                task_merge(cfg, source_name)
+            if not pending.idle:
+                steps["spark"] = time.monotonic() - t
+    return build_report(cfg, source_name, extracted, steps)

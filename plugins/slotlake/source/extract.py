@@ -20,8 +20,9 @@ after a whole WAL record, so each call's output is whole transactions. The one t
 Commit is a non-transactional logical message (`pg_logical_emit_message(false, ...)`); the file's end LSN then
 becomes that message's LSN + 1, which is where the slot must be advanced to so the message is not sent again.
 
-Test-only failpoint (`slotlake.failpoints`): `SLOTLAKE_FAILPOINT=extract_after_write` makes a run raise right after
-placing its first file and before advancing the slot, to simulate a crash in that window.
+Test-only failpoints (`slotlake.failpoints`): `SLOTLAKE_FAILPOINT=extract_after_write` makes a run raise right after
+placing its first file and before advancing the slot, to simulate a crash in that window; `extract_after_files:N`
+raises after N files were placed and the slot advanced past them (a run that fails halfway).
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import logging
 import os
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -218,8 +220,11 @@ def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, b
         cur.close()
 
 
-def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -> ExtractResult:
+def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None,
+            on_first_file: Callable[[], None] | None = None) -> ExtractResult:
     """Archive the slot's changes up to `upto_lsn` (default: the WAL flush position now) into bronze.
+    `on_first_file()` runs once, when the first file is placed and the slot advanced past it (the sync starts its
+    Spark app then, `slotlake.spark.early`; an exception in it is logged and the extract goes on).
 
     Guarantees: every file placed holds whole transactions; the slot is advanced only after the file holding
     them is durable; a run after a crash between placing and advancing archives nothing twice.
@@ -311,6 +316,14 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None) -
                     raise ExtractError(f"extract {source.name}: slot {source.slot} advanced only to {position}, "
                                        f"not {end}; the next run resumes from bronze")
                 files.append(placed.path)
+                if on_first_file is not None and len(files) == 1:
+                    try:
+                        on_first_file()
+                    except Exception as e:  # noqa: BLE001  (the caller's business: the extract goes on)
+                        log.warning("extract %s: after the first file: %s", source.name, e)
+                if len(files) == failpoints.count(failpoints.EXTRACT_AFTER_FILES):
+                    raise ExtractError(f"failpoint {failpoints.EXTRACT_AFTER_FILES}{len(files)}: stopped after "
+                                       f"{len(files)} files, the slot advanced past them (test-only)")
                 rows += call.rows
                 data_bytes += call.data_bytes
                 file_bytes += size

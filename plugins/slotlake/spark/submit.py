@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,22 +163,56 @@ def run_spark_app(app: SparkApp) -> None:
             served = dataclasses.replace(app, server=address) if address else None
         if served is not None and run_on_server(served):
             return
+    start_spark_app(app).wait()
+
+
+class SubmittedApp:
+    """A spark-submit running in the background: a thread logs its output as it comes (and keeps the last lines);
+    `wait()` returns when it ends and raises SlotlakeError if it failed."""
+
+    def __init__(self, app: SparkApp, proc: subprocess.Popen) -> None:
+        self.app, self.proc = app, proc
+        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self._reader = threading.Thread(target=self._read, name=f"{app.name}-output", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.tail.append(line)
+            log.info("[%s] %s", self.app.name, line)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float | None = None) -> None:
+        rc = self.proc.wait(timeout)
+        self._reader.join()
+        self.proc.stdout.close()
+        if rc != 0:
+            log.error("%s failed with exit code %d; last output:\n%s", self.app.name, rc, "\n".join(self.tail))
+            raise SlotlakeError(f"Spark app {self.app.name} failed (exit {rc}): {failure_line(list(self.tail))}")
+        log.info("%s finished", self.app.name)
+
+    def kill(self) -> None:
+        """Stop it now (its driver and the JVM spark-submit started), and reap it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._reader.join()
+        self.proc.stdout.close()
+
+
+def start_spark_app(app: SparkApp, *extra_args: str) -> SubmittedApp:
+    """Start `app` with spark-submit (`extra_args` after its own) and return at once; `.wait()` for its end."""
+    if extra_args:
+        app = dataclasses.replace(app, args=(*app.args, *extra_args))
     cmd = spark_submit_command(app)
     if not Path(app.spark_submit).exists():
         raise SlotlakeError(f"spark-submit not found at {app.spark_submit}; run scripts/setup.sh "
                             "or set spark.spark_submit in the config")
     log.info("submitting %s to %s (%s)", app.name, app.master, app.application)
-    env = {**os.environ, **app.env}
-    tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                          errors="replace") as proc:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            tail.append(line)
-            log.info("[%s] %s", app.name, line)
-        rc = proc.wait()
-    if rc != 0:
-        log.error("%s failed with exit code %d; last output:\n%s", app.name, rc, "\n".join(tail))
-        raise SlotlakeError(f"Spark app {app.name} failed (exit {rc}): {failure_line(list(tail))}")
-    log.info("%s finished", app.name)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **app.env}, errors="replace")
+    return SubmittedApp(app, proc)

@@ -17,6 +17,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,7 +63,12 @@ def _merge(spark, cfg, args) -> list[str]:
 
 
 def _sync(spark, cfg, args) -> list[str]:
-    return _decode(spark, cfg, args) + _merge(spark, cfg, args)
+    started = time.monotonic()
+    lines = _decode(spark, cfg, args)
+    decoded = time.monotonic()
+    lines += _merge(spark, cfg, args)
+    # Each stage's own time in this driver (bench/e2e.py reads this line: its JVM start is the rest of the app's).
+    return lines + [f"sync stages: decode {decoded - started:.2f}s, merge {time.monotonic() - decoded:.2f}s"]
 
 
 def _snapshot(spark, cfg, args) -> list[str]:
@@ -133,6 +139,9 @@ def parse_app_args(stage: str, argv: list[str] | None = None) -> argparse.Namesp
     parser = argparse.ArgumentParser(prog=f"{stage}.py", description=spec.description)
     parser.add_argument("--config", default=None, help="slotlake YAML (default: $SLOTLAKE_CONFIG)")
     parser.add_argument("--source", required=True)
+    # Started before its input is ready (slotlake.spark.early): wait for the caller's go once Spark is up.
+    parser.add_argument("--wait-for", dest="wait_for", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--caller-pid", dest="caller_pid", type=int, default=0, help=argparse.SUPPRESS)
     spec.add_args(parser)
     return parser.parse_args(argv)
 
@@ -153,6 +162,16 @@ def main(stage: str, argv: list[str] | None = None) -> int:
         cfg.source(args.source)  # unknown source: the error names the known ones
         spark = get_spark(f"slotlake-{stage}-{args.source}", cfg.spark.master, cfg.spark.conf, storage=cfg.storage)
         try:
+            if args.wait_for:
+                from slotlake.spark.early import EXIT_CALLER_GONE, GO, wait_for_decision
+
+                spark.range(1).count()  # the scheduler's start and first job, while the caller still works
+                decision = wait_for_decision(args.wait_for, args.caller_pid)
+                if decision != GO:
+                    print(f"slotlake {stage} {args.source}: "
+                          + ("told to stop before starting: nothing was done" if decision else
+                             "the sync that started this app is gone: nothing was done"), file=sys.stderr)
+                    return 0 if decision else EXIT_CALLER_GONE
             lines = APPS[stage].run(spark, cfg, args)
         finally:
             spark.stop()
