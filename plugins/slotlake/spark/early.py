@@ -76,7 +76,7 @@ class EarlySyncApp:
         try:
             if not self.started.running():  # it died while waiting: its own output says why
                 self.started.wait()
-                log.warning("%s ended before the extract finished; starting it again", self.app.name)
+                log.warning("%s ended before the extract finished; starting it again", self.started.app.name)
                 return False
             _say(self._path, GO)
             self.started.wait()
@@ -95,7 +95,7 @@ class EarlySyncApp:
             try:
                 self.started.proc.wait(STOP_TIMEOUT_S)
             except Exception:  # noqa: BLE001  (TimeoutExpired, KeyboardInterrupt: kill it)
-                log.warning("%s did not stop within %.0f s of being told to: killing it", self.app.name,
+                log.warning("%s did not stop within %.0f s of being told to: killing it", self.started.app.name,
                             STOP_TIMEOUT_S)
             self.started.kill()
         finally:

@@ -189,7 +189,7 @@ class SubmittedApp:
     def wait(self, timeout: float | None = None) -> None:
         rc = self.proc.wait(timeout)
         self._reader.join()
-        self.proc.stdout.close()
+        self._close_output()
         if rc != 0:
             log.error("%s failed with exit code %d; last output:\n%s", self.app.name, rc, "\n".join(self.tail))
             raise SlotlakeError(f"Spark app {self.app.name} failed (exit {rc}): {failure_line(list(self.tail))}")
@@ -201,7 +201,11 @@ class SubmittedApp:
             self.proc.kill()
         self.proc.wait()
         self._reader.join()
-        self.proc.stdout.close()
+        self._close_output()
+
+    def _close_output(self) -> None:
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 def start_spark_app(app: SparkApp, *extra_args: str) -> SubmittedApp:
