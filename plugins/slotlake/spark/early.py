@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -94,11 +95,11 @@ class EarlySyncApp:
             _say(self._path, STOP)
             try:
                 self.started.proc.wait(STOP_TIMEOUT_S)
-            except Exception:  # noqa: BLE001  (TimeoutExpired, KeyboardInterrupt: kill it)
+            except subprocess.TimeoutExpired:
                 log.warning("%s did not stop within %.0f s of being told to: killing it", self.started.app.name,
                             STOP_TIMEOUT_S)
-            self.started.kill()
         finally:
+            self.started.kill()  # reaps it; kills it first if it still runs (a timeout, an interrupt)
             self._cleanup()
 
     def _cleanup(self) -> None:
