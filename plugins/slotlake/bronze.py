@@ -88,6 +88,30 @@ def read_frame_summary(path: str) -> FrameSummary | None:
     return FrameSummary.parse(meta.get(META_FRAMES.encode()))
 
 
+def read_txn_frames(path: str, xids: set[int]):
+    """The rows (lsn, xid, data, ord) of the local bronze file `path` whose transaction is one of `xids`, as a
+    pyarrow Table in file order, reading only the row groups whose xid statistics can hold one of them (the
+    frames of a few transactions, not the whole file)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from slotlake import contracts
+
+    columns = [name for name, _ in contracts.BRONZE]
+    f = pq.ParquetFile(path)
+    at = f.schema_arrow.get_field_index("xid")
+    lo, hi = min(xids), max(xids)
+    groups = []
+    for g in range(f.metadata.num_row_groups):
+        stats = f.metadata.row_group(g).column(at).statistics
+        if stats is not None and stats.has_min_max and (stats.max < lo or stats.min > hi):
+            continue
+        groups.append(g)
+    table = f.read_row_groups(groups, columns=columns) if groups else f.schema_arrow.empty_table().select(columns)
+    return table.filter(pc.is_in(table["xid"], value_set=pa.array(sorted(xids), pa.int64())))
+
+
 @dataclass(frozen=True)
 class BronzeFile:
     """A placed (complete, immutable) bronze file."""

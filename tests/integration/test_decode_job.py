@@ -475,6 +475,23 @@ def test_the_extracts_frame_summaries_stand_in_for_the_decodes_aggregation(spark
     assert from_footers.big_ends == from_spark.big_ends and len(from_spark.big_ends) == 2
     assert from_footers.changes_per_oid == from_spark.changes_per_oid
     assert sum(from_spark.changes_per_oid.values()) == 10 + 120 + 4 + 1 + 45
+    # the catalog's frames: read from the local files' row groups that can hold those transactions (pyarrow, no
+    # Spark job), the same decoded rows as Spark's read of every frame
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from slotlake.decode.decoded import KIND_RELATION
+    for f in todo:
+        whole = pq.read_table(f.path)
+        for xids in ({x for n, x in from_spark.meta_txns if n == f.name} or {1}, set(whole["xid"].to_pylist()[:3])):
+            got = bronze.read_txn_frames(f.path, xids)
+            assert got.to_pylist() == whole.filter(pc.is_in(whole["xid"], value_set=pa.array(sorted(xids)))) \
+                .select(got.column_names).to_pylist()
+    local = decode_job._catalog_rows(None, from_footers, todo)
+    via_spark = decode_job._catalog_rows(decode_job._bronze(spark, todo), from_spark)
+    assert local == via_spark
+    assert sum(r["kind"] == KIND_RELATION for r in local) >= 3  # fs_a, fs_b, fs_a after ADD COLUMN
     # the decode takes the footers' summary (no aggregation of the frames) and writes every change
     monkeypatch.setattr(decode_job, "_summarize", lambda *a: pytest.fail("the frames were aggregated in Spark"))
     assert run_decode(spark, cfg, "shop").changes_written == 10 + 120 + 4 + 1 + 2 + 45  # TRUNCATE: one per table

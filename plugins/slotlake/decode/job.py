@@ -216,21 +216,47 @@ def _footer_summary(files: list[BronzeFile], max_held_rows: int) -> BronzeSummar
     return BronzeSummary(meta_txns=meta, big_ends=big_ends, changes_per_oid=dict(per_oid))
 
 
-def _catalog_rows(bronze, summary: BronzeSummary) -> list[dict]:
+def _local_catalog_frames(files: list[BronzeFile], summary: BronzeSummary, schema):
+    """The frames of `summary.meta_txns` without their row changes (Insert, Update, Delete, Truncate), read from
+    the local bronze files with pyarrow, as one batch (lsn, xid, data, ord, file) sorted by file and ord."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    wanted: dict[str, set[int]] = {}
+    for name, xid in summary.meta_txns:
+        wanted.setdefault(name, set()).add(xid)
+    changes = pa.array([b"I", b"U", b"D", b"T"], pa.binary())
+    tables = []
+    for f in sorted(files, key=lambda f: f.name):  # file names sort as their LSNs, as Spark's sort by file did
+        if f.name not in wanted:
+            continue
+        t = bronze_files.read_txn_frames(f.path, wanted[f.name])
+        t = t.filter(pc.invert(pc.is_in(pc.binary_slice(t["data"], 0, 1), value_set=changes)))
+        tables.append(t.sort_by("ord").append_column("file", pa.array([f.name] * t.num_rows, pa.string())))
+    batches = pa.concat_tables(tables).select(schema.names).cast(schema).combine_chunks().to_batches() \
+        if tables else []
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema)
+
+
+def _catalog_rows(bronze, summary: BronzeSummary, files: list[BronzeFile] | None = None) -> list[dict]:
     """The decoded Relation, Type and DDL-event rows (with their transaction's commit LSNs): the frames of the
-    transactions that carry them, without their row changes, decoded in this process in stream order."""
+    transactions that carry them, without their row changes, decoded in this process in stream order. With
+    `files` (local bronze files), they are read with pyarrow; else with a Spark job over `bronze`."""
     import pyarrow as pa
     from pyspark.sql import functions as F
 
     if not summary.meta_txns:
         return []
-    txns = bronze.sparkSession.createDataFrame(summary.meta_txns, "file string, xid long")
-    frames = (bronze.join(F.broadcast(txns), ["file", "xid"], "left_semi")
-              .where(~_frame_type(b"I", b"U", b"D", b"T")).collect())
-    frames.sort(key=lambda r: (r["file"], r["ord"]))
     types = {"lsn": pa.int64(), "xid": pa.int64(), "data": pa.binary(), "ord": pa.int64(), "file": pa.string()}
-    batch = pa.RecordBatch.from_pydict({c: pa.array([bytes(r[c]) if c == "data" else r[c] for r in frames], t)
-                                        for c, t in types.items()})
+    if files is not None:  # local files: their row groups that can hold those transactions, read here (no Spark job)
+        batch = _local_catalog_frames(files, summary, pa.schema(types))
+    else:
+        txns = bronze.sparkSession.createDataFrame(summary.meta_txns, "file string, xid long")
+        frames = (bronze.join(F.broadcast(txns), ["file", "xid"], "left_semi")
+                  .where(~_frame_type(b"I", b"U", b"D", b"T")).collect())
+        frames.sort(key=lambda r: (r["file"], r["ord"]))
+        batch = pa.RecordBatch.from_pydict({c: pa.array([bytes(r[c]) if c == "data" else r[c] for r in frames], t)
+                                            for c, t in types.items()})
     out = [row for b in decode_partition(iter([batch])) for row in b.to_pylist()]
     return [r for r in out if r["kind"] in (KIND_RELATION, KIND_TYPE, KIND_DDL)]
 
@@ -314,8 +340,9 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
     started = time.monotonic()
     held = MAX_HELD_ROWS
     bronze = _bronze(spark, todo)
-    summary = _footer_summary(todo, held) or _summarize(bronze, held)
-    meta_rows = _catalog_rows(bronze, summary)
+    footer = _footer_summary(todo, held)  # local files with the extract's frame summaries
+    summary = footer or _summarize(bronze, held)
+    meta_rows = _catalog_rows(bronze, summary, todo if footer is not None else None)
     added, warnings = _update_catalog(spark, paths.catalog, meta_rows, [b for b in boots if b.lsn <= end],
                                       source=source, end_lsn=end)
     ddl_events = write_ddl_log(spark, ddl_log_path(paths), [r for r in meta_rows if r["kind"] == KIND_DDL],
