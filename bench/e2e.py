@@ -38,7 +38,6 @@ import json
 import logging
 import multiprocessing as mp
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -52,11 +51,12 @@ sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 sys.path.insert(0, str(ROOT / "tests"))
 
 import psycopg  # noqa: E402
-from extract import baseline  # noqa: E402  (bench/extract.py: the raw pull of slotlake_bench)
+from extract import baseline, run_in_child  # noqa: E402  (bench/extract.py: the raw pull of slotlake_bench)
 
 from slotlake import delta_log  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
+from slotlake.spark_apps.apps import sync_stages  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres, pg_bindir  # noqa: E402
 from slotlake_dev.memory import peak_rss_mb  # noqa: E402
 from sparkserver import free_port, spark_server  # noqa: E402  (tests/sparkserver.py)
@@ -108,27 +108,11 @@ def _child_sync(lake: str, dsn: str, out: mp.Queue) -> None:
 def timed_sync(lake: str, dsn: str) -> dict:
     """`slotlake sync`'s own function in a spawned child (its VmHWM: the extract's peak; the Spark app is a process
     of its own or runs in the server): its steps' seconds, and the merge's own time from the app's output."""
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    proc = ctx.Process(target=_child_sync, args=(lake, dsn, out))
-    proc.start()
-    result = out.get()
-    proc.join()
-    if proc.exitcode:
-        raise SystemExit(f"sync child failed with exit code {proc.exitcode}")
-    return result
+    return run_in_child(_child_sync, lake, dsn)
 
 
 def preflight_and_extract(lake: str, dsn: str) -> dict:
-    ctx = mp.get_context("spawn")  # a fresh interpreter: its VmHWM is this stage's own peak
-    out = ctx.Queue()
-    proc = ctx.Process(target=_child_extract, args=(lake, dsn, out))
-    proc.start()
-    result = out.get()
-    proc.join()
-    if proc.exitcode:
-        raise SystemExit(f"extract child failed with exit code {proc.exitcode}")
-    return result
+    return run_in_child(_child_extract, lake, dsn)
 
 
 def pgbench(pg: LocalPostgres, *args: str) -> None:
@@ -173,9 +157,6 @@ def _silver_end(paths: LakePaths) -> str:
     return str(last.end_lsn)
 
 
-_STAGE_LINE = re.compile(r"sync stages: decode ([0-9.]+)s, merge ([0-9.]+)s")
-
-
 @contextlib.contextmanager
 def capture_stage_line():
     """The stage times the sync app prints (`sync stages: ...`), as its log lines pass through slotlake's logger."""
@@ -183,9 +164,9 @@ def capture_stage_line():
 
     class Grab(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            m = _STAGE_LINE.search(record.getMessage())
-            if m:
-                found.append({"decode": float(m.group(1)), "merge": float(m.group(2))})
+            stages = sync_stages(record.getMessage())
+            if stages:
+                found.append(stages)
             if record.levelno >= logging.WARNING:  # the rest of the app's output stays out, as before
                 logging.getLogger().handle(record)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import multiprocessing as mp
+import queue
 import sys
 import tempfile
 import time
@@ -55,16 +56,28 @@ def _child_extract(lake: str, dsn: str, upto_nchanges: int, out: mp.Queue) -> No
              "max_rss_mb": peak_rss_mb()})
 
 
-def run_extract_in_child(lake: str, dsn: str, upto_nchanges: int) -> dict:
-    ctx = mp.get_context("spawn")  # a fresh interpreter: its VmHWM is the extract's own peak
+def run_in_child(target, *args) -> dict:
+    """`target(*args, queue)` in a spawned child (a fresh interpreter: its VmHWM is that stage's own peak); what it
+    put on the queue. A child that exits without putting anything stops the bench with its exit code."""
+    ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    proc = ctx.Process(target=_child_extract, args=(lake, dsn, upto_nchanges, out))
+    proc = ctx.Process(target=target, args=(*args, out))
     proc.start()
-    result = out.get()
+    while True:
+        try:
+            result = out.get(timeout=1.0)
+            break
+        except queue.Empty:
+            if not proc.is_alive() and out.empty():
+                raise SystemExit(f"{target.__name__} child exited with code {proc.exitcode} and no result") from None
     proc.join()
     if proc.exitcode:
-        raise SystemExit(f"extract child failed with exit code {proc.exitcode}")
+        raise SystemExit(f"{target.__name__} child failed with exit code {proc.exitcode}")
     return result
+
+
+def run_extract_in_child(lake: str, dsn: str, upto_nchanges: int) -> dict:
+    return run_in_child(_child_extract, lake, dsn, upto_nchanges)
 
 
 def baseline(dsn: str) -> dict:

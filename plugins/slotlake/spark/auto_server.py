@@ -76,7 +76,8 @@ def _read_info(path: Path) -> dict[str, Any] | None:
     return info if isinstance(info, dict) and isinstance(info.get("pid"), int) else None
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether `pid` is a live process of this user (a zombie child of this process is not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -104,7 +105,7 @@ def _claimed(app) -> Iterator[tuple[Path, dict[str, Any] | None]]:
     with open(folder / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         info = _read_info(info_path)
-        yield info_path, info if info is not None and _alive(info["pid"]) else None
+        yield info_path, info if info is not None and process_alive(info["pid"]) else None
 
 
 def ensure_server(app) -> str | None:
@@ -139,9 +140,9 @@ def _stop(pid: int) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and process_alive(pid):
         time.sleep(0.2)
-    if _alive(pid):
+    if process_alive(pid):
         os.kill(pid, signal.SIGKILL)
 
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from slotlake.spark.auto_server import process_alive
 from slotlake.spark.submit import SparkApp, SubmittedApp, start_spark_app
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,6 @@ class EarlySyncApp:
 
     def __init__(self, make_app: Callable[[], SparkApp]) -> None:
         self._make_app = make_app  # built when started: a sync with nothing to archive builds nothing
-        self.app: SparkApp | None = None
         self.started: SubmittedApp | None = None
         self._dir: tempfile.TemporaryDirectory | None = None
         self._done = False
@@ -60,9 +60,9 @@ class EarlySyncApp:
         if self.started is not None or self._done:
             return
         try:
-            self.app = self._make_app()
+            app = self._make_app()
             self._dir = tempfile.TemporaryDirectory(prefix="slotlake-sync-")
-            self.started = start_spark_app(self.app, WAIT_FOR_ARG, str(self._path), CALLER_PID_ARG, str(os.getpid()))
+            self.started = start_spark_app(app, WAIT_FOR_ARG, str(self._path), CALLER_PID_ARG, str(os.getpid()))
         except Exception as e:  # noqa: BLE001  (the sync starts its app after the extract instead)
             log.warning("could not start the sync's Spark app during the extract (%s); it starts after it", e)
             self._cleanup()
@@ -115,7 +115,7 @@ class EarlySyncApp:
 
 
 def wait_for_decision(path: str, caller_pid: int) -> str:
-    """The app's side: GO or STOP, whichever the caller writes to `path`; STOP if the caller or this driver's JVM
+    """The app's side: GO or STOP, whichever the caller writes to `path`; "" if the caller or this driver's JVM
     (its parent process) goes away first."""
     parent = os.getppid()
     p = Path(path)
@@ -126,16 +126,6 @@ def wait_for_decision(path: str, caller_pid: int) -> str:
             word = ""
         if word in (GO, STOP):
             return word
-        if os.getppid() != parent or not _alive(caller_pid):
+        if os.getppid() != parent or not process_alive(caller_pid):
             return ""
         time.sleep(POLL_S)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -62,12 +63,22 @@ def _merge(spark, cfg, args) -> list[str]:
     return [run_merge(spark, cfg, args.source, parse_tables(getattr(args, "tables", ""))).summary()]
 
 
+# The sync app's last line: each stage's own time in its driver (bench/e2e.py reads it with `sync_stages`; the
+# app's start is the rest of its time).
+_SYNC_STAGES = re.compile(r"sync stages: decode ([0-9.]+)s, merge ([0-9.]+)s")
+
+
+def sync_stages(line: str) -> dict[str, float] | None:
+    """{"decode": s, "merge": s} of a sync app's stage line (anywhere in `line`), else None."""
+    m = _SYNC_STAGES.search(line)
+    return {"decode": float(m.group(1)), "merge": float(m.group(2))} if m else None
+
+
 def _sync(spark, cfg, args) -> list[str]:
     started = time.monotonic()
     lines = _decode(spark, cfg, args)
     decoded = time.monotonic()
     lines += _merge(spark, cfg, args)
-    # Each stage's own time in this driver (bench/e2e.py reads this line: its JVM start is the rest of the app's).
     return lines + [f"sync stages: decode {decoded - started:.2f}s, merge {time.monotonic() - decoded:.2f}s"]
 
 
