@@ -35,8 +35,10 @@ def spark_submit_sync(cfg: Path, failpoint: str | None = None) -> subprocess.Com
                           env=env, timeout=900, check=False)
 
 
-def waiting_apps() -> list[str]:
-    """Command lines of processes started to wait for a sync's decision (`--wait-for`), this user's."""
+def waiting_apps(cfg: Path) -> list[str]:
+    """Command lines of processes started to wait for a decision of a sync of `cfg` (`--wait-for`).
+
+    Only this test's config: other tests running beside it (other xdist workers) start such apps too."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -45,7 +47,7 @@ def waiting_apps() -> list[str]:
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if "--wait-for" in cmd and "slotlake-sync-" in cmd:
+        if "--wait-for" in cmd and "slotlake-sync-" in cmd and f" {cfg} " in cmd:
             found.append(cmd)
     return found
 
@@ -88,7 +90,7 @@ def test_the_app_starts_during_the_extract_and_a_failed_extract_stops_it(pg_db, 
     assert report["decoded_changes"] > 60
     for t in TABLES:
         assert_gold_equals_pg(paths.gold(*t.split(".")), pg_db, t)
-    assert waiting_apps() == []
+    assert waiting_apps(cfg) == []
 
     # 2. the extract fails after its first file: the started app is told to stop, writes nothing, and is gone
     write_some(pg_db, 60, 60)
@@ -100,7 +102,7 @@ def test_the_app_starts_during_the_extract_and_a_failed_extract_stops_it(pg_db, 
     assert f"failpoint {failpoints.EXTRACT_AFTER_FILES}1" in log, log[-3000:]
     assert launched_apps(log) == ["sync"], log[-3000:]
     assert "told to stop before starting: nothing was done" in log, log[-3000:]
-    assert waiting_apps() == []
+    assert waiting_apps(cfg) == []
     assert next(delta_log.commits(paths.changes)).version == silver_before  # the app decoded nothing
     assert {t: next(delta_log.commits(paths.gold(*t.split(".")))).version for t in TABLES} == gold_before
 
@@ -109,4 +111,4 @@ def test_the_app_starts_during_the_extract_and_a_failed_extract_stops_it(pg_db, 
     assert out.returncode == 0, out.stderr[-4000:]
     for t in TABLES:
         assert_gold_equals_pg(paths.gold(*t.split(".")), pg_db, t)
-    assert waiting_apps() == []
+    assert waiting_apps(cfg) == []
