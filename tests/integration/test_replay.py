@@ -19,7 +19,7 @@ from slotlake.decode.job import decode_watermark, run_decode
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.merge.job import run_merge
-from slotlake.merge.watermarks import delta_watermark
+from slotlake.merge.watermarks import delta_watermark, row_count, runs_ends
 from slotlake.recover.replay import request
 from slotlake.recover.replay_job import run_replay
 from slotlake.source.extract import extract
@@ -94,12 +94,27 @@ def test_replay_of_each_recorded_range_equals_postgres_at_its_end(spark, pg_db, 
     for t in TABLES:
         assert_gold_equals_pg(paths.gold(*t.split(".")), pg_db, t)
 
+    # The bases come from `_runs` and gold's row counts from file statistics, both read with delta-rs: what
+    # Spark reads.
+    spark_runs: dict = {}
+    for r in spark.read.format("delta").load(paths.runs).collect():
+        spark_runs.setdefault((r["schema_name"], r["table_name"]), []).append((Lsn(r["run_end_lsn"]),
+                                                                               r["gold_version"]))
+    assert {k: sorted(v) for k, v in runs_ends(paths.runs).items()} == {k: sorted(v) for k, v in spark_runs.items()}
+    assert len(spark_runs[("public", "acct")]) == len(PHASES)  # one per sync (the initial copy's load is not a run)
+    for t in TABLES:
+        gold = paths.gold(*t.split("."))
+        assert row_count(gold) == spark.read.format("delta").load(gold).count() > 0
+
     # Every recorded range (L[i-1], L[i]] into its own --dest, by LSN.
     for i in range(1, len(ends)):
         dest = str(tmp_path / f"dest_{i}")
         result = run_replay(spark, cfg, request("src", str(ends[i - 1]), str(ends[i]), None, dest))
         assert (result.from_lsn, result.to_lsn) == (ends[i - 1], ends[i]) and not result.in_place
         assert {(r.schema_name, r.table_name) for r in result.tables} == {tuple(t.split(".")) for t in TABLES}
+        with psycopg.connect(pg_db) as conn:
+            assert {r.table_name: r.rows for r in result.tables} == {
+                t: conn.execute(f"SELECT count(*) FROM recorded.{t}_{i}").fetchone()[0] for t in ("acct", "ev")}
         for t in TABLES:
             schema, name = t.split(".")
             assert_gold_equals_pg(f"{dest}/{schema}/{name}", pg_db, f"recorded.{name}_{i}")

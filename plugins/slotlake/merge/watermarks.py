@@ -160,3 +160,47 @@ def runs_tables_at(runs_path: str, end: Lsn) -> set[tuple[str, str]] | None:
         log.info("_runs not read from %s (%s); read with Spark", runs_path, error_summary(e))
         return None
     return set(zip(rows.column("schema_name").to_pylist(), rows.column("table_name").to_pylist(), strict=True))
+
+
+def runs_ends(runs_path: str) -> dict[tuple[str, str], list[tuple[Lsn, int]]] | None:
+    """Every (run end LSN, gold version) pair `_runs` holds, per (schema, table), read with delta-rs (no Spark job);
+    {} when there is no `_runs` table yet; None when it cannot be read here (the caller asks Spark)."""
+    from deltalake import DeltaTable
+
+    if not delta_log.readable(runs_path):
+        return None
+    try:
+        if not delta_log.is_delta_table(runs_path) or not delta_log.has_commits(runs_path):
+            return {}
+        uri, options = storage.delta_rs_table_args(runs_path)
+        rows = DeltaTable(uri, storage_options=options).to_pyarrow_dataset().to_table(
+            columns=["schema_name", "table_name", "run_end_lsn", "gold_version"])
+    except Exception as e:  # any reason: Spark's read is always right
+        log.info("_runs not read from %s (%s); read with Spark", runs_path, error_summary(e))
+        return None
+    out: dict[tuple[str, str], list[tuple[Lsn, int]]] = {}
+    for s, t, end, version in zip(*(rows.column(c).to_pylist() for c in rows.column_names), strict=True):
+        out.setdefault((s, t), []).append((Lsn(end), version))
+    return out
+
+
+def row_count(path: str) -> int | None:
+    """The rows of the Delta table at `path`, from its files' statistics read with delta-rs (no Spark job); None
+    when they cannot tell (no statistics, deletion vectors, a path delta-rs cannot open here)."""
+    from deltalake import DeltaTable
+
+    if not delta_log.readable(path):
+        return None
+    try:
+        uri, options = storage.delta_rs_table_args(path)
+        table = DeltaTable(uri, storage_options=options)
+        if "deletionVectors" in (table.protocol().reader_features or []):
+            return None  # a file's count may include rows its vector deletes
+        files = table.get_add_actions(flatten=True)
+        records = files.column("num_records")
+        if records.null_count:
+            return None
+        return sum(records.to_pylist())
+    except Exception as e:
+        log.info("rows of %s not counted from its statistics (%s); counted with Spark", path, error_summary(e))
+        return None

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from slotlake import contracts
+from slotlake import delta_log
 from slotlake.bronze import covered_lsn, max_archived_end
 from slotlake.config import Config
 from slotlake.contracts import STAGE_MERGE, CommitMeta
@@ -22,6 +24,7 @@ from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths, table_dir
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import COLUMN_MAPPING, needs_column_mapping, watermark_of
+from slotlake.merge.watermarks import row_count, runs_ends
 from slotlake.names import TableName
 from slotlake.recover.replay import Point, ReplayRequest, format_point
 
@@ -91,6 +94,9 @@ def recorded_runs(spark, runs_path: str,
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
+    read = runs_ends(runs_path)  # delta-rs, without a Spark job
+    if read is not None:
+        return read if table is None else {k: v for k, v in read.items() if k == table}
     out: RecordedRuns = {}
     if not DeltaTable.isDeltaTable(spark, runs_path):
         return out
@@ -109,16 +115,22 @@ def recorded_ends(spark, runs: RecordedRuns, gold_path: str, schema: str,
     does not list)."""
     from delta.tables import DeltaTable
 
-    if not DeltaTable.isDeltaTable(spark, gold_path):
-        return []
-    history = DeltaTable.forPath(spark, gold_path).history().select("version", "userMetadata",
-                                                                    "operation").collect()
     out: dict = {}
-    for h in history:
-        end = watermark_of(h["userMetadata"])
-        if end is not None and h["operation"] != "RESTORE":
-            out[(end, h["version"])] = None
-    live = {h["version"] for h in history}
+    if delta_log.readable(gold_path):  # the JSON commits, without a Spark job (what Delta's history lists)
+        if not delta_log.is_delta_table(gold_path):
+            return []
+        history = [(c.version, c.meta.end_lsn if c.meta else None, c.operation)
+                   for c in delta_log.commits(gold_path)]
+    else:
+        if not DeltaTable.isDeltaTable(spark, gold_path):
+            return []
+        history = [(h["version"], watermark_of(h["userMetadata"]), h["operation"]) for h in
+                   DeltaTable.forPath(spark, gold_path).history().select("version", "userMetadata",
+                                                                         "operation").collect()]
+    for version, end, operation in history:
+        if end is not None and operation != "RESTORE":
+            out[(end, version)] = None
+    live = {h[0] for h in history}
     for end, version in runs.get((schema, table), []):
         if version in live:  # a version VACUUM/log cleanup removed cannot be read back
             out[(end, version)] = None
@@ -148,34 +160,48 @@ def _meta(end: Lsn, stage: str, req: ReplayRequest, frm: Lsn, to: Lsn) -> str:
                                               "asked": [format_point(req.from_), format_point(req.to)]}}).json()
 
 
-def _tables(spark, cfg: Config, req: ReplayRequest, scratch_changes: str,
+def _tables(spark, cfg: Config, req: ReplayRequest, scratch_changes: str | None,
             runs: RecordedRuns) -> list[tuple[str, str]]:
+    """The tables to rebuild: those asked, else the config's list, else those `_runs` names and those with changes
+    in `scratch_changes` (None: before the re-decode, `_runs`'s alone)."""
     if req.tables:
         return list(req.tables)
     src = cfg.source(req.source)
     if src.listed_tables:
         return [TableName.parse(t) for t in src.listed_tables]
-    names = {(r[0], r[1]) for r in spark.read.format("delta").load(scratch_changes)
-             .select("schema_name", "table_name").distinct().collect()}
-    names |= set(runs)
+    names = set(runs)
+    if scratch_changes is not None:
+        names |= {(r[0], r[1]) for r in spark.read.format("delta").load(scratch_changes)
+                  .select("schema_name", "table_name").distinct().collect()}
     return sorted(n for n in names if src.syncs(f"{n[0]}.{n[1]}"))
 
 
-def _build(spark, cfg: Config, source: str, schema: str, table: str, base: tuple[Lsn, int] | None, gold: str,
-           target: str, silver: str, end: Lsn) -> None:
-    """`target` := gold as of `base` (time travel; nothing when None) + the changes of `silver` up to `end`."""
+def build_states(spark, cfg: Config, source: str, bases: dict[tuple[str, str], tuple[Lsn, int] | None],
+                 gold_of: Callable[[str, str], str], target_of: Callable[[str, str], str], silver: str,
+                 end: Lsn) -> None:
+    """Each table's `target_of(s, t)` := its gold (`gold_of(s, t)`) as of its base (time travel; nothing when None)
+    + the changes of `silver` up to `end`. The bases are copied two at a time, then one merge runs over every
+    table (tables merge concurrently there, as in a sync)."""
     from slotlake.merge.job import run_merge
 
-    _delete_path(spark, target)  # a new table: no data and no idempotent-write ids of an earlier run
-    if base is not None:
-        state = spark.read.format("delta").option("versionAsOf", base[1]).load(gold)
+    def copy_base(name: tuple[str, str]) -> None:
+        target, base = target_of(*name), bases[name]
+        _delete_path(spark, target)  # a new table: no data and no idempotent-write ids of an earlier run
+        if base is None:
+            return
+        state = spark.newSession().read.format("delta").option("versionAsOf", base[1]).load(gold_of(*name))
         writer = (state.write.format("delta").mode("overwrite")
                   .option("userMetadata", CommitMeta(STAGE_MERGE, base[0]).json()))
         if needs_column_mapping(state.columns):
             writer = writer.option(COLUMN_MAPPING, "name")
         writer.save(target)
-    run_merge(spark, cfg, source, [TableName(schema, table)], silver_path=silver,
-              gold_path_for=lambda s, t: target, end_lsn=end)
+
+    # Each copy is mostly the driver's planning and commit: two at a time overlap them on 2 cores.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="slotlake-replay-base") as pool:
+        list(pool.map(copy_base, sorted(bases)))
+    if bases:
+        run_merge(spark, cfg, source, [TableName(s, t) for s, t in sorted(bases)], silver_path=silver,
+                  gold_path_for=target_of, end_lsn=end)
 
 
 def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
@@ -206,7 +232,7 @@ def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
     every = not req.tables and not cfg.source(source).tables
     try:
         runs = recorded_runs(spark, paths.runs)  # every table's recorded ends, in one read of `_runs`
-        names = _tables(spark, cfg, req, _empty_changes(spark, scratch_changes), runs)
+        names = _tables(spark, cfg, req, None, runs)
         bases = {(s, t): base_at(recorded_ends(spark, runs, paths.gold(s, t), s, t), frm) for s, t in names}
         # Re-decode from the earliest base (from the start of bronze if a table has none).
         after = min((b[0] for b in bases.values() if b), default=None) if all(bases.values()) else None
@@ -220,16 +246,17 @@ def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
                     decoded = decode_range(spark, cfg, source, None, to, scratch_changes)
         results = []
         if req.dest is not None:
-            for (s, t), base in sorted(bases.items()):
-                target = table_dir(req.dest, s, t)
-                _build(spark, cfg, source, s, t, base, paths.gold(s, t), target, scratch_changes, to)
-                results.append(_result(spark, s, t, base, target))
+            dest = req.dest
+            build_states(spark, cfg, source, bases, paths.gold, lambda s, t: table_dir(dest, s, t), scratch_changes,
+                         to)
+            results = [_result(spark, s, t, base, table_dir(dest, s, t)) for (s, t), base in sorted(bases.items())]
         else:
             _replace_silver(spark, scratch_changes, paths.changes, after, to, silver_end, req, frm)
+            build_states(spark, cfg, source, bases, paths.gold, lambda s, t: table_dir(f"{scratch}/gold", s, t),
+                         paths.changes, silver_end)
             for (s, t), base in sorted(bases.items()):
                 gold = paths.gold(s, t)
                 rebuilt = table_dir(f"{scratch}/gold", s, t)
-                _build(spark, cfg, source, s, t, base, gold, rebuilt, paths.changes, silver_end)
                 df = spark.read.format("delta").load(rebuilt) if DeltaTable.isDeltaTable(spark, rebuilt) else None
                 if df is None:
                     continue  # no state and no change: nothing to write
@@ -242,14 +269,6 @@ def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
                           in_place=req.dest is None, tables=tuple(results))
     log.info("%s (%.1fs)", result.summary(), time.monotonic() - started)
     return result
-
-
-def _empty_changes(spark, path: str) -> str:
-    from slotlake.decode.job import SILVER_DDL
-
-    (spark.createDataFrame([], SILVER_DDL).write.format("delta").mode("overwrite")
-     .options(**contracts.SILVER_PROPERTIES).save(path))
-    return path
 
 
 def _replace_silver(spark, scratch_changes: str, changes: str, after: Lsn | None, to: Lsn, silver_end: Lsn,
@@ -267,6 +286,10 @@ def _replace_silver(spark, scratch_changes: str, changes: str, after: Lsn | None
 def _result(spark, s: str, t: str, base: tuple[Lsn, int] | None, target: str) -> TableReplay:
     from delta.tables import DeltaTable
 
-    rows = spark.read.format("delta").load(target).count() if DeltaTable.isDeltaTable(spark, target) else 0
+    if not DeltaTable.isDeltaTable(spark, target):
+        return TableReplay(s, t, base[0] if base else None, base[1] if base else None, target, 0)
+    rows = row_count(target)  # the files' statistics, without a Spark job
+    if rows is None:
+        rows = spark.read.format("delta").load(target).count()
     return TableReplay(s, t, base[0] if base else None, base[1] if base else None, target, rows)
 

@@ -398,7 +398,7 @@ def _table_undo(spark, cfg: Config, ref: TransactionRef, touched: TableTouched, 
 
     from slotlake.decode.job import SILVER_COLUMNS
     from slotlake.merge.job import run_merge
-    from slotlake.recover.replay_job import _build, base_at, recorded_ends, recorded_runs
+    from slotlake.recover.replay_job import base_at, build_states, recorded_ends, recorded_runs
 
     source = ref.source
     paths = LakePaths.of(cfg.lake, source)
@@ -408,7 +408,7 @@ def _table_undo(spark, cfg: Config, ref: TransactionRef, touched: TableTouched, 
     base = base_at(recorded_ends(spark, recorded_runs(spark, paths.runs, (s, t)), paths.gold(s, t), s, t),
                    just_before)
     # The state just before: gold at its last recorded end <= L-1, plus silver's commits up to L-1.
-    _build(spark, cfg, source, s, t, base, paths.gold(s, t), target, paths.changes, just_before)
+    build_states(spark, cfg, source, {(s, t): base}, paths.gold, lambda *_: target, paths.changes, just_before)
     before_version = (DeltaTable.forPath(spark, target).history(1).collect()[0]["version"]
                       if DeltaTable.isDeltaTable(spark, target) else None)
     # Then the transaction alone, from a scratch silver holding only its rows (its end LSN is its watermark).
