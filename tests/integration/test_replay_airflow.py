@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -66,27 +67,37 @@ def test_backfill_through_airflow_rebuilds_each_interval(spark, pg_db, tmp_path)
          "INSERT INTO acct SELECT g, 'owner ' || g, g FROM generate_series(1, 10) g", "CREATE SCHEMA recorded")
     run_preflight(cfg, src)  # slot + initial copy
 
-    # Three minutes of changes; the state at each minute boundary is recorded just after it.
-    now = server_now(pg_db)
-    b0 = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    sleep_past(pg_db, b0)
-    for i, phase in enumerate(PHASES, start=1):
-        run_sql(pg_db, *phase)
-        sleep_past(pg_db, b0 + timedelta(minutes=i))
-        run_sql(pg_db, f"CREATE TABLE recorded.acct_{i} AS SELECT * FROM acct")
-    extract(cfg, src)
-    run_decode(spark, cfg, "src")
-    run_merge(spark, cfg, "src")
-    assert_gold_equals_pg(paths.gold("public", "acct"), pg_db, "public.acct")
-
     home = tmp_path / "airflow"
     env = server_env(local_airflow_env(home, cfg_path), free_port())
     # Only the backfill's runs: the scheduler creates no cron runs of the unpaused DAG (one a minute here, each
     # skipped by the gate, but each a few task processes while the backfill runs)
     env["AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE"] = "False"
-    migrate(env)
-    run_airflow(env, "dags", "reserialize")
-    run_airflow(env, "dags", "unpause", DAG_ID)  # queued runs of a paused DAG never start
+
+    def airflow_setup() -> None:
+        migrate(env)
+        run_airflow(env, "dags", "reserialize")
+        run_airflow(env, "dags", "unpause", DAG_ID)  # queued runs of a paused DAG never start
+
+    # Airflow's database and DAGs are set up while the test waits for the minute boundaries below.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        setup = pool.submit(airflow_setup)
+        # Three minutes of changes; the state at each minute boundary is recorded just after it. The first minute
+        # is the current one when enough of it is left for phase 1 to commit inside it (one wait less).
+        now = server_now(pg_db)
+        b0 = now.replace(second=0, microsecond=0)
+        if (b0 + timedelta(minutes=1) - now).total_seconds() < 20:
+            b0 += timedelta(minutes=1)
+            sleep_past(pg_db, b0)
+        for i, phase in enumerate(PHASES, start=1):
+            run_sql(pg_db, *phase)
+            assert server_now(pg_db) < b0 + timedelta(minutes=i), f"phase {i} ran past its minute"
+            sleep_past(pg_db, b0 + timedelta(minutes=i))
+            run_sql(pg_db, f"CREATE TABLE recorded.acct_{i} AS SELECT * FROM acct")
+        extract(cfg, src)
+        run_decode(spark, cfg, "src")
+        run_merge(spark, cfg, "src")
+        assert_gold_equals_pg(paths.gold("public", "acct"), pg_db, "public.acct")
+        setup.result()
     dest = tmp_path / "dest"
     # The backfill is created before the scheduler and API server start: with SQLite as the metadata DB a CLI write
     # racing the scheduler's writes can fail with "database is locked" on a loaded machine.
