@@ -221,10 +221,15 @@ def test_a_person_syncs_watches_recovers_and_backfills_in_the_airflow_ui(airflow
 
         # changes inside one minute [b0, b0+1m): the replay interval; the state at its end is recorded, and the
         # LSN there is the recovery point; then more changes, and a second sync through the UI
-        b0 = server_now(pg_db).replace(second=0, microsecond=0) + timedelta(minutes=1)
-        sleep_past(pg_db, b0)
+        # (the current minute, when 20 s of it are left for the changes to commit inside it)
+        now = server_now(pg_db)
+        b0 = now.replace(second=0, microsecond=0)
+        if (b0 + timedelta(minutes=1) - now).total_seconds() < 20:
+            b0 += timedelta(minutes=1)
+            sleep_past(pg_db, b0)
         run_sql(pg_db, "UPDATE orders SET qty = qty + 10 WHERE id % 3 = 0", "DELETE FROM orders WHERE id > 35",
              "INSERT INTO orders VALUES (100, 'new', 1, 9.99)", "UPDATE customers SET name = upper(name)")
+        assert server_now(pg_db) < b0 + timedelta(minutes=1), "the changes ran past their minute"
         sleep_past(pg_db, b0 + timedelta(minutes=1))
         with psycopg.connect(pg_db, autocommit=True) as conn:
             point = str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0])
