@@ -141,45 +141,43 @@ def silver_layouts(changes_path: str, files: Sequence[str]) -> list[LayoutGroup]
     return combine(groups)
 
 
-def runs_tables_at(runs_path: str, end: Lsn) -> set[tuple[str, str]] | None:
-    """The (schema, table) pairs `_runs` holds rows for at `run_end_lsn = end`, read with delta-rs (no Spark job;
-    Parquet statistics skip the other runs' files); an empty set when there is no `_runs` table yet; None when it
+def _runs_columns(runs_path: str, columns: Sequence[str], where=None) -> dict[str, list] | None:
+    """`columns` of `_runs`'s rows (those matching the pyarrow expression `where`: Parquet statistics skip the
+    other files), read with delta-rs (no Spark job); empty lists when there is no `_runs` table yet; None when it
     cannot be read here (the caller asks Spark)."""
-    import pyarrow.dataset as ds
     from deltalake import DeltaTable
 
     if not delta_log.readable(runs_path):
         return None
     try:
         if not delta_log.is_delta_table(runs_path) or not delta_log.has_commits(runs_path):
-            return set()
+            return {c: [] for c in columns}
         uri, options = storage.delta_rs_table_args(runs_path)
-        rows = DeltaTable(uri, storage_options=options).to_pyarrow_dataset().to_table(
-            columns=["schema_name", "table_name"], filter=ds.field("run_end_lsn") == int(end))
+        rows = DeltaTable(uri, storage_options=options).to_pyarrow_dataset().to_table(columns=list(columns),
+                                                                                      filter=where)
     except Exception as e:  # any reason: Spark's read is always right
         log.info("_runs not read from %s (%s); read with Spark", runs_path, error_summary(e))
         return None
-    return set(zip(rows.column("schema_name").to_pylist(), rows.column("table_name").to_pylist(), strict=True))
+    return {c: rows.column(c).to_pylist() for c in columns}
+
+
+def runs_tables_at(runs_path: str, end: Lsn) -> set[tuple[str, str]] | None:
+    """The (schema, table) pairs `_runs` holds rows for at `run_end_lsn = end` (`_runs_columns`: None when it
+    cannot be read here)."""
+    import pyarrow.dataset as ds
+
+    got = _runs_columns(runs_path, ["schema_name", "table_name"], ds.field("run_end_lsn") == int(end))
+    return None if got is None else set(zip(got["schema_name"], got["table_name"], strict=True))
 
 
 def runs_ends(runs_path: str) -> dict[tuple[str, str], list[tuple[Lsn, int]]] | None:
-    """Every (run end LSN, gold version) pair `_runs` holds, per (schema, table), read with delta-rs (no Spark job);
-    {} when there is no `_runs` table yet; None when it cannot be read here (the caller asks Spark)."""
-    from deltalake import DeltaTable
-
-    if not delta_log.readable(runs_path):
-        return None
-    try:
-        if not delta_log.is_delta_table(runs_path) or not delta_log.has_commits(runs_path):
-            return {}
-        uri, options = storage.delta_rs_table_args(runs_path)
-        rows = DeltaTable(uri, storage_options=options).to_pyarrow_dataset().to_table(
-            columns=["schema_name", "table_name", "run_end_lsn", "gold_version"])
-    except Exception as e:  # any reason: Spark's read is always right
-        log.info("_runs not read from %s (%s); read with Spark", runs_path, error_summary(e))
+    """Every (run end LSN, gold version) pair `_runs` holds, per (schema, table) (`_runs_columns`: None when it
+    cannot be read here)."""
+    got = _runs_columns(runs_path, ["schema_name", "table_name", "run_end_lsn", "gold_version"])
+    if got is None:
         return None
     out: dict[tuple[str, str], list[tuple[Lsn, int]]] = {}
-    for s, t, end, version in zip(*(rows.column(c).to_pylist() for c in rows.column_names), strict=True):
+    for s, t, end, version in zip(*got.values(), strict=True):
         out.setdefault((s, t), []).append((Lsn(end), version))
     return out
 

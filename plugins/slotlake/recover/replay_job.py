@@ -183,20 +183,17 @@ def build_states(spark, cfg: Config, source: str, bases: dict[tuple[str, str], t
     (tables merge concurrently there, as in a sync)."""
     from slotlake.merge.job import run_merge
 
-    def copy_base(name: tuple[str, str]) -> None:
-        target, base = target_of(*name), bases[name]
+    for name, base in sorted(bases.items()):  # (two at a time measured no faster on 2 cores: bench/README.md)
+        target = target_of(*name)
         _delete_path(spark, target)  # a new table: no data and no idempotent-write ids of an earlier run
         if base is None:
-            return
+            continue
         state = spark.read.format("delta").option("versionAsOf", base[1]).load(gold_of(*name))
         writer = (state.write.format("delta").mode("overwrite")
                   .option("userMetadata", CommitMeta(STAGE_MERGE, base[0]).json()))
         if needs_column_mapping(state.columns):
             writer = writer.option(COLUMN_MAPPING, "name")
         writer.save(target)
-
-    for name in sorted(bases):  # (two at a time measured no faster on 2 cores: bench/README.md)
-        copy_base(name)
     if bases:
         run_merge(spark, cfg, source, [TableName(s, t) for s, t in sorted(bases)], silver_path=silver,
                   gold_path_for=target_of, end_lsn=end)
