@@ -208,7 +208,9 @@ def test_transactions_too_big_to_hold_get_their_commit_end_from_the_frames(spark
     from slotlake.errors import DecodeError
 
     monkeypatch.setattr(decode_job, "MAX_HELD_ROWS", 20)
-    # Arrow batches of 8 rows into the decode task, so a transaction spans batches (as a big one does).
+    # Arrow batches of 8 rows into the decode task, so a transaction spans batches (as a big one does): read by
+    # the task itself (a local lake) or by Spark.
+    monkeypatch.setattr(decode_job, "_BRONZE_BATCH_ROWS", 8)
     monkeypatch.setitem(decode_job._WHOLE_FILES, "spark.sql.execution.arrow.maxRecordsPerBatch", "8")
     cfg = parse_config({"lake": str(tmp_path / "lake"), "sources": {"shop": {"dsn": pg_db}}})
     paths = LakePaths.of(cfg.lake, "shop")

@@ -574,6 +574,64 @@ def test_typed_values_of_every_family(spark):
         assert (row["r"] is not None) == bad, (oid, text, row["r"])
 
 
+def test_typed_numbers_bytes_dates_and_times_as_postgres_prints_them(spark, pg_db):
+    """The texts come from PostgreSQL itself under the extract's session settings (ISO dates, UTC, hex bytea,
+    shortest-exact floats), and under other time zones (offsets with minutes and seconds): every value a gold
+    column can hold is read exactly, and the ones it cannot (BC, years past 9999, infinities) are bad values,
+    never misread."""
+    import struct
+
+    import psycopg
+    from pyspark.sql import functions as F
+
+    from slotlake.merge.typed_values import spark_type, typed_value
+    from slotlake.source.connection import session_dsn
+
+    D, TS = dt.date, dt.datetime
+
+    def F4(x: float) -> float:  # noqa: N802 - the float4 nearest to x, as Spark returns it
+        return struct.unpack("f", struct.pack("f", x))[0]
+
+    cases = [  # (type oid, SQL expression, time zone, the value, or None: a bad value)
+        (21, "(-32768)::int2", "UTC", -32768), (23, "(-2147483648)::int4", "UTC", -2147483648),
+        (20, "9223372036854775807::int8", "UTC", 9223372036854775807),
+        (20, "(-9223372036854775807 - 1)::int8", "UTC", -9223372036854775808),
+        (700, "'3.4028235e38'::float4", "UTC", F4(3.4028235e38)), (700, "'-1.1e-40'::float4", "UTC", F4(-1.1e-40)),
+        (700, "'0.1'::float4", "UTC", F4(0.1)),
+        (701, "'1.7976931348623157e308'::float8", "UTC", 1.7976931348623157e308),
+        (701, "'-Infinity'::float8", "UTC", float("-inf")), (701, "(0.1::float8 + 0.2)", "UTC", 0.1 + 0.2),
+        (17, "'\\x00ff7f'::bytea", "UTC", b"\x00\xff\x7f"), (17, "''::bytea", "UTC", b""),
+        (1082, "'2024-02-29'::date", "UTC", D(2024, 2, 29)), (1082, "'0001-01-01'::date", "UTC", D(1, 1, 1)),
+        (1082, "'9999-12-31'::date", "UTC", D(9999, 12, 31)),
+        (1082, "'0044-03-15 BC'::date", "UTC", None), (1082, "'10000-01-01'::date", "UTC", None),
+        (1082, "'infinity'::date", "UTC", None), (1082, "'-infinity'::date", "UTC", None),
+        (1114, "'2024-01-01 10:00:00.123456'::timestamp", "UTC", TS(2024, 1, 1, 10, 0, 0, 123456)),
+        (1114, "'0001-01-01 00:00:00'::timestamp", "UTC", TS(1, 1, 1)),
+        (1114, "'9999-12-31 23:59:59.999999'::timestamp", "UTC", TS(9999, 12, 31, 23, 59, 59, 999999)),
+        (1114, "'0044-03-15 12:00 BC'::timestamp", "UTC", None),
+        (1114, "'10000-01-01 00:00'::timestamp", "UTC", None), (1114, "'infinity'::timestamp", "UTC", None),
+        (1184, "'2024-01-01 10:00:00.5+05:30'::timestamptz", "UTC", TS(2024, 1, 1, 4, 30, 0, 500000)),
+        (1184, "'2024-01-01 10:00:00.5+05:30'::timestamptz", "Asia/Kolkata", TS(2024, 1, 1, 4, 30, 0, 500000)),
+        (1184, "'2024-07-01 12:00:00+00'::timestamptz", "America/St_Johns", TS(2024, 7, 1, 12)),
+        (1184, "'1900-01-01 00:00:00+00'::timestamptz", "Europe/Amsterdam", TS(1900, 1, 1)),  # LMT: +00:19:32
+        (1184, "'0044-03-15 12:00+00 BC'::timestamptz", "UTC", None),
+        (1184, "'10000-01-01 00:00+00'::timestamptz", "UTC", None), (1184, "'-infinity'::timestamptz", "UTC", None),
+    ]
+    texts = []
+    with psycopg.connect(session_dsn(pg_db), autocommit=True) as conn:
+        for _, expr, zone, _ in cases:
+            conn.execute(f"SET TimeZone = '{zone}'")
+            texts.append(conn.execute(f"SELECT ({expr})::text").fetchone()[0])
+    zones = [zone for _, _, zone, _ in cases]
+    assert texts[zones.index("Europe/Amsterdam")].endswith("+00:19:32"), texts  # an offset with seconds
+    assert texts[zones.index("America/St_Johns")].endswith("-02:30"), texts  # and one with minutes
+    df = spark.createDataFrame(list(enumerate(texts)), "i int, text string")
+    for i, ((oid, expr, _, want), text) in enumerate(zip(cases, texts)):
+        value, reason = typed_value(F.col("text"), oid, -1)
+        row = df.where(F.col("i") == i).select(value.cast(spark_type(oid, -1)).alias("v"), reason.alias("r")).first()
+        assert (row["v"], row["r"] is not None) == (want, want is None), (expr, text, row)
+
+
 # ---- numeric.unconstrained and the quarantine's row key (issue 8 item 5) ------------------------------------
 
 EXACT = ["1" + "0" * 40, "0.0000000000000000000001", "123456789012345678901234567890.123456789012345678901",

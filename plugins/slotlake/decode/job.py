@@ -19,10 +19,11 @@ skips known definitions).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 
@@ -62,6 +63,10 @@ SILVER_COLUMNS = contracts.names(contracts.SILVER)
 # The mapInArrow output (`decode.decoded.decoded_schema()`, which says what each kind of row carries).
 DECODED_DDL = contracts.ddl(contracts.DECODED)
 _OUT_BATCH_ROWS = 8192  # rows per Arrow batch leaving the decoder: bounds executor memory
+_BRONZE_ROWS: contracts.Columns = (*contracts.BRONZE, ("file", "string"))
+"""The bronze rows a decode task takes: a bronze file's columns and the file's name (Spark's `_metadata.file_name`)."""
+_BRONZE_BATCH_ROWS = 10_000
+"""Bronze rows per Arrow batch a decode task reads (what Spark's reader hands a mapInArrow task by default)."""
 
 
 @dataclass(frozen=True)
@@ -247,7 +252,8 @@ def _catalog_rows(bronze, summary: BronzeSummary, files: list[BronzeFile] | None
 
     if not summary.meta_txns:
         return []
-    types = {"lsn": pa.int64(), "xid": pa.int64(), "data": pa.binary(), "ord": pa.int64(), "file": pa.string()}
+    bronze_rows = contracts.arrow_schema(_BRONZE_ROWS)
+    types = dict(zip(bronze_rows.names, bronze_rows.types))
     if files is not None:  # local files: their row groups that can hold those transactions, read here (no Spark job)
         batch = _local_catalog_frames(files, summary, pa.schema(types))
     else:
@@ -350,7 +356,7 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
     # Test-only failpoint: the process dies after the catalog and DDL log commits, before the silver commit.
     failpoints.die_at(failpoints.DECODE_AFTER_CATALOG)
     if silver_write.writes_directly(paths.changes):
-        n = _write_silver_directly(bronze, summary, held, paths.changes, source, end)
+        n = _write_silver_directly(spark, todo, summary, held, paths.changes, source, end)
     else:
         changes = _silver_changes(bronze, summary, held)
         _executor_errors(lambda: changes.write.format("delta").mode("append").options(**contracts.SILVER_PROPERTIES)
@@ -367,30 +373,61 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
                         ddl_events=ddl_events, warnings=tuple(warnings))
 
 
-def _write_silver_directly(bronze, summary: BronzeSummary, held: int, changes_path: str, source: str,
-                           end: Lsn) -> int:
+def _write_silver_directly(spark, files: list[BronzeFile], summary: BronzeSummary, held: int, changes_path: str,
+                           source: str, end: Lsn) -> int:
     """The silver commit of a local lake: each task decodes its bronze file and writes its changes as Parquet
     files, one table per file (`decode/silver_write.py`); one delta-rs commit adds them with the same
     idempotent-write transaction and userMetadata as Spark's writer. Returns the rows added."""
-    files = _write_files(bronze, summary, held, changes_path)
-    if not silver_write.commit(changes_path, files, app_id=app_id(source), version=end.value,
+    written = _write_files(spark, files, summary, held, changes_path)
+    if not silver_write.commit(changes_path, written, app_id=app_id(source), version=end.value,
                                user_metadata=CommitMeta(STAGE_DECODE, end).json(),
                                properties=contracts.SILVER_PROPERTIES):
         log.info("decode %s: silver already holds the commit up to %s (its files written now are not used)",
                  source, end)
-        return _rows_written(bronze.sparkSession, changes_path, end)
-    return sum(int(f["rows"]) for f in files)
+        return _rows_written(spark, changes_path, end)
+    return sum(int(f["rows"]) for f in written)
 
 
-def _write_files(bronze, summary: BronzeSummary, held: int, changes_path: str,
+def _write_files(spark, files: list[BronzeFile], summary: BronzeSummary, held: int, changes_path: str,
                  window: tuple[int | None, int] | None = None) -> list[dict]:
-    """The decode's tasks write the changes of `bronze` (within `window`, see `silver_write.write_task`) as
-    Parquet files into the folder of the local Delta table `changes_path`; their descriptions, not committed."""
+    """The decode's tasks write the changes of the local bronze `files` (within `window`, see
+    `silver_write.write_task`) as Parquet files into the folder of the local Delta table `changes_path`; their
+    descriptions, not committed. A task per file, which reads it itself (`_read_bronze_files`)."""
     folder = storage.local_path(changes_path)
     folder.mkdir(parents=True, exist_ok=True)
     task = partial(silver_write.write_task, folder=str(folder), rows_per_file=_ROWS_PER_FILE, window=window,
                    decode=partial(decode_partition, known_ends=summary.big_ends, max_held_rows=held))
-    return [r.asDict() for r in _executor_errors(lambda: bronze.mapInArrow(task, silver_write.FILES_DDL).collect())]
+    reader = partial(_read_bronze_files, paths=[str(storage.local_path(f.path)) for f in files], task=task,
+                     batch_rows=_BRONZE_BATCH_ROWS)
+    ids = spark.range(0, len(files), 1, len(files))  # one id per partition: file `id` is task `id`'s
+    return [r.asDict() for r in _executor_errors(lambda: ids.mapInArrow(reader, silver_write.FILES_DDL).collect())]
+
+
+
+
+def _read_bronze_files(ids: Iterator, *, paths: list[str], task: Callable[[Iterator], Iterator],
+                       batch_rows: int) -> Iterator:
+    """mapInArrow function over `spark.range` ids: the bronze rows of file `paths[id]`, read in the task with
+    pyarrow in file order as (lsn, xid, data, ord, file) batches, are handed to `task` (what Spark's Parquet
+    reader would hand it). Spark's reader decoded the frames' Parquet in the JVM and converted them to Arrow for
+    the Python worker: half of the decode's CPU time (bench/README.md, "2026-11-29, evening")."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = contracts.arrow_schema(_BRONZE_ROWS)
+    columns = [n for n, _ in contracts.BRONZE]
+
+    def rows() -> Iterator:
+        for batch in ids:
+            for i in batch.column("id").to_pylist():
+                name = os.path.basename(paths[i])
+                with pq.ParquetFile(paths[i]) as f:
+                    for rb in f.iter_batches(batch_size=batch_rows, columns=columns):
+                        cols = [c if c.type == t else c.cast(t) for c, t in zip(rb.columns, schema.types)]
+                        yield pa.RecordBatch.from_arrays([*cols, pa.array([name] * rb.num_rows, pa.string())],
+                                                         schema=schema)
+
+    return task(rows())
 
 
 def _rows_written(spark, changes_path: str, end: Lsn) -> int:
@@ -447,7 +484,7 @@ def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, 
     summary = (_footer_summary(todo, held) or _summarize(bronze, held)) if bronze is not None else None
     # A local lake: the tasks write the files and one delta-rs commit replaces the table's (as the sync's decode).
     direct = (bronze is not None and summary is not None and silver_write.overwrites_directly(changes_path)
-              and silver_write.commit(changes_path, _write_files(bronze, summary, held, changes_path,
+              and silver_write.commit(changes_path, _write_files(spark, todo, summary, held, changes_path,
                                                                  window=(after.value if after else None, upto.value)),
                                       app_id=None, version=None, user_metadata=meta,
                                       properties=contracts.SILVER_PROPERTIES, overwrite=True))

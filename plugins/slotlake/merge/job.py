@@ -595,7 +595,11 @@ def _append_keys(plan: TablePlan, typed: DataFrame) -> tuple[list[int], list[int
     if plan.strategy is KeyStrategy.INSERT_ONLY:
         return [], []
     keys = list(plan.key_positions) if plan.strategy is KeyStrategy.KEYED else list(range(len(plan.shape.columns)))
-    return keys, [k for k in keys if isinstance(typed.schema[f"__n{k}"].dataType, _PRUNABLE)]
+    prunable = [k for k in keys if isinstance(typed.schema[f"__n{k}"].dataType, _PRUNABLE)]
+    # Strings only when no other column can prune: their min/max per row cost the checks pass a quarter of its
+    # time (bench/README.md, "2026-11-29, evening"), and the columns that keep appends apart from gold's rows
+    # (serial keys, event times) are numbers and times.
+    return keys, [k for k in prunable if not isinstance(typed.schema[f"__n{k}"].dataType, StringType)] or prunable
 
 
 def _append_aggs(plan: TablePlan, typed: DataFrame) -> list:
@@ -655,11 +659,12 @@ def _append_rows(session: SparkSession, plan: TablePlan, typed: DataFrame, gold:
     meta = [F.col("commit_lsn").alias(LSN_COL), F.col("commit_ts").alias(COMMIT_TS_COL)]
     if plan.strategy is KeyStrategy.FULL_ROW:
         # As the MERGE numbers them: copies 1..n of each distinct row, all with the row's last change's LSN/time.
-        # One hash aggregation per distinct row (a window over every column would sort the whole batch).
-        num = lineage.change_number()
+        # One hash aggregation per distinct row (a window over every column would sort the whole batch). The last
+        # change is the one of the last commit: its LSN is the greatest, and every change of a commit has its
+        # time, so no (commit_lsn, seq) number is needed (its decimal arithmetic per row cost the append ~30%).
         per_row = inserts.groupBy(*cols).agg(F.count(F.lit(1)).alias("__copies"),
-                                             F.max_by("commit_lsn", num).alias(LSN_COL),
-                                             F.max_by("commit_ts", num).alias(COMMIT_TS_COL))
+                                             F.max("commit_lsn").alias(LSN_COL),
+                                             F.max_by("commit_ts", "commit_lsn").alias(COMMIT_TS_COL))
         out = per_row.select(*[_q(c) for c in shape.columns], LSN_COL, COMMIT_TS_COL,
                              F.explode(F.sequence(F.lit(1), F.col("__copies").cast("int"))).alias(DUP_COL))
     else:
