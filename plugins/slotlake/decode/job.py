@@ -138,7 +138,7 @@ def _bronze(spark, files: list[BronzeFile]):
     session = spark.newSession()
     for k, v in _WHOLE_FILES.items():
         session.conf.set(k, v)
-    return (session.read.schema("lsn long, xid long, data binary, ord long").parquet(*[f.path for f in files])
+    return (session.read.schema(contracts.ddl(contracts.BRONZE)).parquet(*[f.path for f in files])
             .select("lsn", "xid", "data", "ord", F.col("_metadata.file_name").alias("file")))
 
 
@@ -252,17 +252,16 @@ def _catalog_rows(bronze, summary: BronzeSummary, files: list[BronzeFile] | None
 
     if not summary.meta_txns:
         return []
-    bronze_rows = contracts.arrow_schema(_BRONZE_ROWS)
-    types = dict(zip(bronze_rows.names, bronze_rows.types))
+    schema = contracts.arrow_schema(_BRONZE_ROWS)
     if files is not None:  # local files: their row groups that can hold those transactions, read here (no Spark job)
-        batch = _local_catalog_frames(files, summary, pa.schema(types))
+        batch = _local_catalog_frames(files, summary, schema)
     else:
         txns = bronze.sparkSession.createDataFrame(summary.meta_txns, "file string, xid long")
         frames = (bronze.join(F.broadcast(txns), ["file", "xid"], "left_semi")
                   .where(~_frame_type(b"I", b"U", b"D", b"T")).collect())
         frames.sort(key=lambda r: (r["file"], r["ord"]))
         batch = pa.RecordBatch.from_pydict({c: pa.array([bytes(r[c]) if c == "data" else r[c] for r in frames], t)
-                                            for c, t in types.items()})
+                                            for c, t in zip(schema.names, schema.types)})
     out = [row for b in decode_partition(iter([batch])) for row in b.to_pylist()]
     return [r for r in out if r["kind"] in (KIND_RELATION, KIND_TYPE, KIND_DDL)]
 
@@ -401,8 +400,6 @@ def _write_files(spark, files: list[BronzeFile], summary: BronzeSummary, held: i
                      batch_rows=_BRONZE_BATCH_ROWS)
     ids = spark.range(0, len(files), 1, len(files))  # one id per partition: file `id` is task `id`'s
     return [r.asDict() for r in _executor_errors(lambda: ids.mapInArrow(reader, silver_write.FILES_DDL).collect())]
-
-
 
 
 def _read_bronze_files(ids: Iterator, *, paths: list[str], task: Callable[[Iterator], Iterator],
