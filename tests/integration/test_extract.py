@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import struct
+import threading
 from pathlib import Path
 
 import psycopg
@@ -203,3 +204,32 @@ def test_non_transactional_message_after_last_commit_is_not_archived_twice(sourc
               for d in pq.read_table(f.path).column("data").to_pylist()]
     assert sum(1 for d in frames if d[:1] == b"M" and b"slotlake.test" in d) == 1
     assert sum(1 for d in frames if d[:1] == b"I") == 2
+
+
+# A stream of (lsn, xid, data) rows from the real server that fails after `ok` rows (division by zero in the row
+# that follows), as a peek that fails midway does: its first batches arrive before the error.
+_FAILING = ("SELECT g::bigint AS lsn, g::bigint AS xid, "
+            "CASE WHEN g <= {ok} THEN convert_to(repeat('x', 60), 'UTF8') ELSE int4send(1 / (g - g)) END AS data "
+            "FROM generate_series(1, {n}) g")
+
+
+def test_a_stream_failing_midway_raises_its_error_and_a_failing_write_stops_the_read_ahead(source_db, tmp_path):
+    """`_write_call` reads the server's batches in a thread of its own (`_Prefetch`) while it writes the previous
+    one. The server's error midway is raised by the call, as before; a write failing while the server is still
+    sending stops the reading thread, and the connection serves the next call."""
+    from slotlake.source.connection import connect_bulk
+    from slotlake.source.extract import _write_call
+
+    src = _config(tmp_path / "lake", source_db).source("shop")
+    with connect_bulk(src) as bulk:
+        with pytest.raises(Exception, match="division by zero"):
+            _write_call(bulk, _FAILING.format(ok=600_000, n=700_000), str(tmp_path / "a.parquet"), src, Lsn(0),
+                        batch_rows=100_000)
+        # The write fails (no such folder) at the first row group, with 3 M rows still to come from the server.
+        with pytest.raises(OSError):
+            _write_call(bulk, _FAILING.format(ok=3_000_000, n=3_000_000), str(tmp_path / "no" / "b.parquet"), src,
+                        Lsn(0), batch_rows=1_000)
+        assert not [t for t in threading.enumerate() if t.name == "slotlake-extract-read"]
+        call = _write_call(bulk, _FAILING.format(ok=50_000, n=50_000), str(tmp_path / "c.parquet"), src, Lsn(0),
+                           batch_rows=10_000)
+    assert call.rows == 50_000 and pq.read_table(tmp_path / "c.parquet").num_rows == 50_000

@@ -26,10 +26,12 @@ from slotlake.merge.plan import (
     newest_watermark,
     parse_tables,
     plan_table,
+    rewrite_note,
     schema_mismatch,
     stage_metadata,
     watermark_of,
 )
+from slotlake.names import TableName
 from slotlake.spark.schemas import struct_of
 
 pytestmark = pytest.mark.unit
@@ -152,3 +154,22 @@ def test_history_schema_keeps_the_source_columns_and_dup_then_the_version_column
                                          "_slotlake_op"]
     assert history[:4] == tuple(f for f in full_soft if f.name in ("id", "amount", "note", "_slotlake_dup"))
     assert struct_of(history)["_slotlake_valid_to_lsn"].nullable and not struct_of(history)["_slotlake_op"].nullable
+
+
+def test_rewrite_note_names_deletion_vectors_for_a_merge_that_copied_a_big_table_to_change_a_few_rows():
+    accounts = TableName("public", "accounts")
+    # 1,000 random-key updates into 10 M rows: Delta's MERGE metrics as a copy-on-write commit records them.
+    metrics = {"numTargetRowsCopied": "9999000", "numTargetRowsUpdated": "990", "numTargetRowsDeleted": "10",
+               "numTargetRowsInserted": "0"}
+    note = rewrite_note(accounts, metrics, deletion_vectors=False)
+    assert note is not None and "\n" not in note
+    assert "9,999,000 unchanged gold rows" in note and "update/delete 1,000" in note
+    assert "deletion_vectors: ['public.accounts']" in note
+    # Not for a table that already has them, a small table, or a batch that changes a sizable share of gold.
+    assert rewrite_note(accounts, metrics, deletion_vectors=True) is None
+    assert rewrite_note(accounts, {**metrics, "numTargetRowsCopied": "999999"}, deletion_vectors=False) is None
+    assert rewrite_note(accounts, {**metrics, "numTargetRowsUpdated": "99990"}, deletion_vectors=False) is None
+    # An append's metrics (no MERGE counters) and a delete-only MERGE of a big table.
+    assert rewrite_note(accounts, {"numOutputRows": "5"}, deletion_vectors=False) is None
+    assert rewrite_note(accounts, {"numTargetRowsCopied": "2000000", "numTargetRowsDeleted": "1"},
+                        deletion_vectors=False) is not None

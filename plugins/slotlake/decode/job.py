@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 
 from slotlake import bronze as bronze_files
 from slotlake import contracts, delta_log, failpoints, storage
@@ -344,10 +344,12 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
     end = todo[-1].end_lsn
     started = time.monotonic()
     held = MAX_HELD_ROWS
-    bronze = _bronze(spark, todo)
+    # Spark's reading of bronze, built only when used: a local lake's files with the extract's frame summaries in
+    # their footers are summarized, and read by the decode's tasks, without it.
+    bronze = cache(partial(_bronze, spark, todo))
     footer = _footer_summary(todo, held)  # local files with the extract's frame summaries
-    summary = footer or _summarize(bronze, held)
-    meta_rows = _catalog_rows(bronze, summary, todo if footer is not None else None)
+    summary = footer or _summarize(bronze(), held)
+    meta_rows = _catalog_rows(None, summary, todo) if footer is not None else _catalog_rows(bronze(), summary)
     added, warnings = _update_catalog(spark, paths.catalog, meta_rows, [b for b in boots if b.lsn <= end],
                                       source=source, end_lsn=end)
     ddl_events = write_ddl_log(spark, ddl_log_path(paths), [r for r in meta_rows if r["kind"] == KIND_DDL],
@@ -357,7 +359,7 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
     if silver_write.writes_directly(paths.changes):
         n = _write_silver_directly(spark, todo, summary, held, paths.changes, source, end)
     else:
-        changes = _silver_changes(bronze, summary, held)
+        changes = _silver_changes(bronze(), summary, held)
         _executor_errors(lambda: changes.write.format("delta").mode("append").options(**contracts.SILVER_PROPERTIES)
                          .option("txnAppId", app_id(source)).option("txnVersion", end.value)
                          .option("userMetadata", CommitMeta(STAGE_DECODE, end).json())
@@ -477,20 +479,20 @@ def decode_range(spark, cfg: Config, source: str, after: Lsn | None, upto: Lsn, 
     started = time.monotonic()
     meta = CommitMeta(STAGE_DECODE, upto, {"after_lsn": str(after) if after else None}).json()
     held = MAX_HELD_ROWS
-    bronze = _bronze(spark, todo) if todo else None
-    summary = (_footer_summary(todo, held) or _summarize(bronze, held)) if bronze is not None else None
+    bronze = cache(partial(_bronze, spark, todo))  # built only when used, as in `run_decode`
+    summary = (_footer_summary(todo, held) or _summarize(bronze(), held)) if todo else None
     # A local lake: the tasks write the files and one delta-rs commit replaces the table's (as the sync's decode).
-    direct = (bronze is not None and summary is not None and silver_write.overwrites_directly(changes_path)
+    direct = (summary is not None and silver_write.overwrites_directly(changes_path)
               and silver_write.commit(changes_path, _write_files(spark, todo, summary, held, changes_path,
                                                                  window=(after.value if after else None, upto.value)),
                                       app_id=None, version=None, user_metadata=meta,
                                       properties=contracts.SILVER_PROPERTIES, overwrite=True))
     if not direct:  # an s3a lake, no bronze file, or a table of another shape (Spark overwrites its schema)
-        if bronze is not None and summary is not None:
+        if summary is not None:
             cond = F.col("commit_lsn") <= int(upto)
             if after is not None:
                 cond = cond & (F.col("commit_end_lsn") > int(after))  # `after` is an end position (merge/job.py)
-            changes = _silver_changes(bronze, summary, held, where=cond)
+            changes = _silver_changes(bronze(), summary, held, where=cond)
         else:
             changes = spark.createDataFrame([], SILVER_DDL)
         _executor_errors(lambda: changes.write.format("delta").mode("overwrite").option("overwriteSchema", "true")

@@ -70,6 +70,7 @@ from slotlake.merge.plan import (
     TablePlan,
     merge_commit_conf,
     needs_column_mapping,
+    rewrite_note,
     schema_mismatch,
     stage_metadata,
 )
@@ -486,13 +487,15 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
             keys = _key_filter(plan, source_df)
     _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc, append_df, keys)
     version, metrics = _last_commit(session, gold)
+    rewrite = rewrite_note(TableName(schema, table), metrics, dv)
     result = TableMergeResult(
         schema, table, n, version,
         rows_inserted=int(metrics.get("numTargetRowsInserted", metrics.get("numOutputRows", 0))),  # MERGE | append
         rows_updated=int(metrics.get("numTargetRowsUpdated", 0)),
         rows_deleted=int(metrics.get("numTargetRowsDeleted", 0)),
         quarantined=quarantined, unapplied=unapplied, truncated=trunc is not None,
-        schema_changes=tuple(schema_changes), notes=evo.notes if evo is not None else (),
+        schema_changes=tuple(schema_changes),
+        notes=(*(evo.notes if evo is not None else ()), *((rewrite,) if rewrite else ())),
         last_commit_ts=last_commit_ts)
     log.info("merged %s: %d change(s) up to %s -> gold version %s (+%d ~%d -%d rows, %d quarantined%s)",
              name, n, end, version, result.rows_inserted, result.rows_updated, result.rows_deleted, quarantined,

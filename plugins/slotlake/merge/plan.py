@@ -186,6 +186,26 @@ def schema_mismatch(existing: Schema, wanted: Schema) -> str | None:
     return f"gold has {have}, the batch needs {want}"
 
 
+# A MERGE that copied at least this many unchanged rows, and this many times the rows it changed, gets a note that
+# names config `deletion_vectors` (`rewrite_note`).
+REWRITE_NOTE_ROWS = 1_000_000
+REWRITE_NOTE_RATIO = 100
+
+
+def rewrite_note(name: TableName, metrics: dict[str, str], deletion_vectors: bool) -> str | None:
+    """The run summary's note for a copy-on-write MERGE (Delta's `operationMetrics` of its commit) that rewrote
+    far more unchanged rows than it changed, as updates and deletes of random keys of a big table do; None when it
+    did not or the table already has deletion vectors. One line that says what to do (README, "Big gold tables")."""
+    copied = int(metrics.get("numTargetRowsCopied", 0) or 0)
+    changed = sum(int(metrics.get(k, 0) or 0) for k in ("numTargetRowsUpdated", "numTargetRowsDeleted"))
+    if deletion_vectors or copied < REWRITE_NOTE_ROWS or copied < REWRITE_NOTE_RATIO * max(changed, 1):
+        return None
+    return (f"{name}: the MERGE rewrote {copied:,} unchanged gold rows to update/delete {changed:,}; if every reader "
+            f"of the table reads Delta's deletion vectors (Spark, Polars, DuckDB, deltalake's QueryBuilder; not "
+            f"deltalake's to_pandas()), set `deletion_vectors: ['{name}']` in the source's config to mark rows "
+            f"instead (README, \"Big gold tables\")")
+
+
 def merge_app_id(source: str, schema_name: str, table_name: str) -> str:
     return f"slotlake-merge-{source}-{schema_name}.{table_name}"
 

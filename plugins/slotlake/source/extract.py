@@ -29,9 +29,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import queue
 import struct
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,6 +172,56 @@ def _parquet_writer(path: str) -> pq.ParquetWriter:
     return pq.ParquetWriter(path, SCHEMA, use_dictionary=["xid"], write_statistics=["lsn", "xid", "ord"])
 
 
+_PREFETCH_BATCHES = 1  # ADBC batches (~16 MB of frames each) read ahead while the previous one is written
+_DONE = object()
+
+
+class _Prefetch:
+    """The batches of an ADBC record batch reader, read by a thread of their own while the caller writes the
+    previous one: ADBC reads the COPY stream only when asked for a batch, so without it the server waits while
+    this process summarizes and writes a batch (pyarrow releases the GIL in both). At most `depth` batches wait
+    in between. `close()` stops the thread (after the batch it is reading, if any) before the cursor is closed;
+    the reader's error is raised by the iteration, as reading it directly would."""
+
+    def __init__(self, reader, depth: int = _PREFETCH_BATCHES) -> None:
+        self._reader = reader
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump, name="slotlake-extract-read", daemon=True)
+        self._thread.start()
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _pump(self) -> None:
+        try:
+            for batch in self._reader:
+                if not self._put(batch):
+                    return
+            self._put(_DONE)
+        except BaseException as e:  # noqa: BLE001 - handed to the iterating thread, which raises it
+            self._put(e)
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        while True:
+            item = self._queue.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, batch_rows: int) -> _Call:
     """Stream one peek call into a Parquet file at `path`, in row groups of `batch_rows`; returns what was seen."""
     call = _Call()
@@ -178,9 +230,10 @@ def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, b
     pending: list[pa.RecordBatch] = []
     pending_rows = 0
     cur = bulk.cursor()
+    reader: _Prefetch | None = None
     try:
         cur.execute(query)
-        reader = cur.fetch_record_batch()
+        reader = _Prefetch(cur.fetch_record_batch())
         for batch in reader:
             if batch.num_rows == 0:
                 continue
@@ -215,6 +268,8 @@ def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, b
         writer = None
         return call
     finally:
+        if reader is not None:
+            reader.close()
         if writer is not None:
             writer.close()
         cur.close()
@@ -311,7 +366,9 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None,
                 target = max(end, min(stop, flushed)) if reached_upto else end
                 if target > end:  # the file is durable; record the coverage past it before the slot moves there
                     bronze.place_covered(root, target, slot=source.slot, upto=upto)
+                t1 = time.monotonic()
                 position = advance_slot(conn, source.slot, target)
+                advance_s = time.monotonic() - t1
                 if position < end:
                     raise ExtractError(f"extract {source.name}: slot {source.slot} advanced only to {position}, "
                                        f"not {end}; the next run resumes from bronze")
@@ -328,9 +385,9 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None,
                 data_bytes += call.data_bytes
                 file_bytes += size
                 secs = max(time.monotonic() - t0, 1e-9)
-                log.info("extract %s: call %d: %d rows, %.1f MB in %.2f s (%.0f rows/s, %.1f MB/s), reached %s -> %s",
-                         source.name, calls, call.rows, call.data_bytes / 1e6, secs, call.rows / secs,
-                         call.data_bytes / 1e6 / secs, end, placed.name)
+                log.info("extract %s: call %d: %d rows, %.1f MB in %.2f s (%.0f rows/s, %.1f MB/s; the slot's advance "
+                         "%.2f s), reached %s -> %s", source.name, calls, call.rows, call.data_bytes / 1e6, secs,
+                         call.rows / secs, call.data_bytes / 1e6 / secs, advance_s, end, placed.name)
                 if reached_upto and not (stop < upto and position >= stop):
                     break
             if position < upto and calls >= settings.max_calls:
