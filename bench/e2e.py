@@ -187,9 +187,13 @@ def cli_sync(cfg) -> float:
     """Seconds of one `slotlake sync bench` in a new process, as a user or cron runs it (imports included)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "plugins")}
     t = time.perf_counter()
-    subprocess.run([str(ROOT / ".venv" / "bin" / "slotlake"), "--config", cfg.path, "sync", "bench"], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    return time.perf_counter() - t
+    out = subprocess.run([str(ROOT / ".venv" / "bin" / "slotlake"), "--config", cfg.path, "sync", "bench"],
+                         check=True, capture_output=True, env=env, text=True)
+    secs = time.perf_counter() - t
+    for line in (out.stdout + out.stderr).splitlines():  # the run summary's notes (e.g. a big copy-on-write MERGE)
+        if "NOTE:" in line:
+            print(f"  sync said: {line.strip()[:400]}")
+    return secs
 
 
 def fixed_cost(cfg, pg: LocalPostgres, repeat: int) -> dict[str, list[float]]:

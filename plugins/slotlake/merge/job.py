@@ -372,7 +372,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     if n == 0:
         return TableMergeResult(schema, table, 0, state.version)
     # The table's session, from here on: a small batch's queries run interpreted (no code to generate and compile).
-    codegen = codegen_for_batch(session, n, user_conf or {})
+    codegen = codegen_for_batch(session, n, user_conf or {}, _gold_bytes(session, gold) if exists else 0)
     last_commit_ts = max((g.last_ts for g in groups if g.last_ts is not None), default=None)
     trunc = None
     if any(g.truncs for g in groups):  # rare: the last TRUNCATE from its own rows only
@@ -574,6 +574,14 @@ def _copy_snapshot(session: SparkSession, gold: str) -> CopySnapshot | None:
     from slotlake.merge.snapshot_job import gold_copy_snapshot  # imported late: snapshot_job imports this module
 
     return gold_copy_snapshot(session, gold)
+
+
+def _gold_bytes(session: SparkSession, gold: str) -> int:
+    """The size of gold's current files (its Delta snapshot, which the table's MERGE or append computes anyway)."""
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(session, gold).detail().select("sizeInBytes").first()
+    return int(row[0] or 0) if row is not None else 0
 
 
 def _last_commit(session: SparkSession, gold: str) -> tuple[int, dict[str, str]]:

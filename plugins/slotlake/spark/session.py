@@ -49,15 +49,20 @@ GENERATED_CONF: dict[str, str] = {
     "spark.sql.codegen.factoryMode": "FALLBACK",
 }
 SMALL_BATCH_ROWS = 20_000
+# A small batch's MERGE still reads (and copy-on-write rewrites) the gold files holding its keys, which for random
+# keys is all of gold: interpreted, a 1,000-change MERGE into 10 M rows took 133 s instead of 26 s (bench/README.md,
+# "Small batches into big gold tables run generated code"). Gold of this size or more gets the generated code.
+SMALL_GOLD_BYTES = 1 << 20
 
 
-def codegen_for_batch(session, rows: int, user_conf: Mapping[str, str]) -> str | None:
-    """Sets `INTERPRETED_CONF` on `session` (one table's own session) when its batch of `rows` changes is small,
-    else `GENERATED_CONF`, and says which ("interpreted" / "generated code"); None, and nothing set, when the
-    config's `spark.conf` sets either key (a user's setting wins)."""
+def codegen_for_batch(session, rows: int, user_conf: Mapping[str, str], gold_bytes: int = 0) -> str | None:
+    """Sets `INTERPRETED_CONF` on `session` (one table's own session) when its batch of `rows` changes is small and
+    so is the gold table its queries may read (`gold_bytes`: its Delta snapshot's size), else `GENERATED_CONF`, and
+    says which ("interpreted" / "generated code"); None, and nothing set, when the config's `spark.conf` sets either
+    key (a user's setting wins)."""
     if any(k in user_conf for k in INTERPRETED_CONF):
         return None
-    small = rows < SMALL_BATCH_ROWS
+    small = rows < SMALL_BATCH_ROWS and gold_bytes < SMALL_GOLD_BYTES
     for k, v in (INTERPRETED_CONF if small else GENERATED_CONF).items():
         session.conf.set(k, v)
     return "interpreted" if small else "generated code"
