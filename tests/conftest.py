@@ -33,8 +33,8 @@ def _submit_opts(path: Path) -> str:
 
 # The serial garbage collector in the tests' JVMs: their heaps hold a few tables of a few rows, and G1's concurrent
 # threads cost more CPU than they save there (tests/integration/test_merge_job.py on 2 idle cores: 421-434 CPU-s
-# with G1, 350-355 with the serial collector; README, under the test command). Production's JVMs keep the JVM's default (G1), as do
-# the `spark_codegen` tests, which get no SPARK_SUBMIT_OPTS.
+# with G1, 350-355 with the serial collector; README, under the test command). Production's JVMs keep the JVM's
+# default (G1), as do the `spark_codegen` tests, which get no SPARK_SUBMIT_OPTS.
 TEST_JVM_OPTS = "-XX:+UseSerialGC"
 TEST_SUBMIT_OPTS = f"{TEST_JVM_OPTS} {_submit_opts(TEST_SPARK_CONF)}"
 os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_SUBMIT_OPTS)
