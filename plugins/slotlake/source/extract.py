@@ -174,7 +174,6 @@ def _parquet_writer(path: str) -> pq.ParquetWriter:
 
 # ADBC's batches of the peek's stream: 8 MB (its default 16 MB) keeps the extract's peak under what it was before
 # the read-ahead at the same speed (a 10 M-row transaction: 224 MB against 267 MB at 16 MB, 244 MB without it).
-_BATCH_HINT = "adbc.postgresql.batch_size_hint_bytes"  # adbc_driver_postgresql.StatementOptions.BATCH_SIZE_HINT_BYTES
 _BATCH_BYTES = 8 << 20
 _PREFETCH_BATCHES = 1  # ADBC batches read ahead while the previous one is written
 _DONE = object()
@@ -236,7 +235,9 @@ def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, b
     cur = bulk.cursor()
     reader: _Prefetch | None = None
     try:
-        cur.adbc_statement.set_options(**{_BATCH_HINT: str(_BATCH_BYTES)})
+        from adbc_driver_postgresql import StatementOptions
+
+        cur.adbc_statement.set_options(**{StatementOptions.BATCH_SIZE_HINT_BYTES.value: str(_BATCH_BYTES)})
         cur.execute(query)
         reader = _Prefetch(cur.fetch_record_batch())
         for batch in reader:
