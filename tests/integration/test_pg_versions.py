@@ -152,3 +152,34 @@ def test_idle_replication_slot_timeout_shown_warned_and_invalidation_gives_resyn
         assert out.returncode == 1
         assert out.stderr.strip().splitlines()[-1].startswith(
             "slotlake: error: slot slotlake_shop was invalidated (idle_timeout)")
+
+
+@pytest.mark.integration
+def test_server_starts_from_an_install_under_a_private_folder(tmp_path):
+    """A checkout under a `mktemp -d` folder (0700): as root the server runs as the `postgres` OS user, who cannot
+    reach binaries in there, so LocalPostgres runs a copy of the install tree it can reach (and reuses it)."""
+    import os
+    import shutil
+
+    from slotlake_dev.localpg import embedded_bindir, pg_bindir, postgres_user_bindir
+
+    if os.geteuid() != 0:
+        pytest.fail("this test checks the root path (the server run as the postgres OS user); run the suite as root")
+    source = embedded_bindir() or pg_bindir()
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    os.chmod(private, 0o700)
+    package = private / source.parent.parent.name  # the wheel's layout: <package>/pginstall beside <package>.libs
+    install = package / "pginstall"
+    shutil.copytree(source.parent, install, symlinks=True)
+    libs = source.parent.parent.parent / f"{package.name}.libs"
+    if libs.is_dir():
+        shutil.copytree(libs, private / libs.name, symlinks=True)
+    blocked = subprocess.run(["runuser", "-u", "postgres", "--", str(install / "bin" / "postgres"), "--version"],
+                             capture_output=True)
+    assert blocked.returncode != 0, "the postgres user reached a 0700 folder: the test does not test its case"
+    with LocalPostgres(bindir=install / "bin") as pg:
+        assert pg.server_bindir != install / "bin"
+        assert pg.server_bindir == postgres_user_bindir(install / "bin")
+        assert pg.psql("SELECT current_setting('wal_level')").strip() == "logical"
+    shutil.rmtree(pg.server_bindir.parents[2])
