@@ -6,6 +6,11 @@ commit, before the other tables and `_runs`), an idle sync that starts no JVM, a
 equals PostgreSQL row by row after every phase (read with delta-rs through the configured endpoint), and at the end
 every Delta table in the bucket reads the same through delta-rs and Spark (s3a). Plus: a bronze object is never
 replaced.
+
+The runs killed inside their Spark app spark-submit it (the S3 jars and settings on spark-submit's command line);
+the others run their apps in a `slotlake spark-server` started for this lake (`SLOTLAKE_SPARK_SERVER`), whose
+session got the same S3 settings at its start: both paths a user of an s3a lake has, and one JVM start for the
+test's five other apps instead of one each.
 """
 from __future__ import annotations
 
@@ -21,10 +26,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import clirun  # noqa: E402
 from delta_readers import check_bucket, read_delta_rs  # noqa: E402
+from sparkserver import free_port, spark_server  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
 from pgclock import run_sql  # noqa: E402
 from slotlake import bronze, delta_log, storage  # noqa: E402
-from slotlake.config import load_config  # noqa: E402
+from slotlake.config import SPARK_SERVER_ENV, load_config  # noqa: E402
 from slotlake.errors import ExtractError  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake.lsn import Lsn  # noqa: E402
@@ -82,7 +88,22 @@ def assert_gold(paths: LakePaths, dsn: str) -> None:
         assert_gold_equals_pg(paths.gold(*t.split(".")), dsn, t)
 
 
-def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_bucket):
+@pytest.fixture
+def s3_spark_server(tmp_path, s3_server, s3_bucket, pg_db, monkeypatch):
+    """A `slotlake spark-server` for the test's s3a lake, named in `SLOTLAKE_SPARK_SERVER` for the CLI runs (which
+    drop it for a failpoint inside a Spark app: tests/clirun.py)."""
+    address = f"127.0.0.1:{free_port()}"
+    config = write_config(tmp_path / "server.yaml", s3_server, s3_bucket, pg_db)
+    config.write_text(config.read_text().replace('spark: {master: "local[2]"}',
+                                                 f'spark: {{master: "local[2]", server: "{address}"}}'))
+    assert address in config.read_text()
+    with spark_server(config, tmp_path / "server.log") as server:
+        monkeypatch.setenv(SPARK_SERVER_ENV, address)
+        yield tmp_path / "server.log"
+    assert server.returncode == 0, (tmp_path / "server.log").read_text()[-3000:]
+
+
+def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_bucket, s3_spark_server):
     cfg = write_config(tmp_path / "slotlake.yaml", s3_server, s3_bucket, pg_db)
     lake = load_config(str(cfg))  # also points this process's slotlake.storage at the endpoint
     assert lake.lake == f"s3a://{s3_bucket}/slotlake" and lake.storage is not None
@@ -95,7 +116,8 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
             "INSERT INTO notes SELECT g, repeat('n', g) FROM generate_series(1, 50) g")
 
     # 1. the first sync: publication, slot, the initial copy (parts and records on S3), loaded into gold
-    report, _ = sync(cfg)
+    report, log = sync(cfg)
+    assert "on the Spark server at" in log and "submitting slotlake-" not in log, log[-3000:]  # the lake's server
     assert_gold(paths, pg_db)
     keys = s3_server.keys(s3_bucket, "slotlake/shop/")
     assert any(k.startswith("slotlake/shop/bronze/snapshot/public.items/") and k.endswith(".parquet") for k in keys)
@@ -123,7 +145,8 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     # and dies before silver's commit; the one after re-applies the catalog (nothing added) and finishes
     catalog_before = read_delta_rs(paths.catalog).num_rows
     silver_before = silver_end(paths)
-    sync(cfg, "decode_after_catalog")
+    _, log = sync(cfg, "decode_after_catalog")
+    assert "submitting slotlake-" in log, log[-3000:]  # a kill inside the app: spark-submit, not the server
     assert silver_end(paths) == silver_before  # silver did not move...
     catalog_rows = read_delta_rs(paths.catalog).num_rows
     assert catalog_rows > catalog_before  # ...but the catalog commit landed on S3: the window was really hit
