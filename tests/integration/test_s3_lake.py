@@ -26,7 +26,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import clirun  # noqa: E402
 from delta_readers import check_bucket, read_delta_rs  # noqa: E402
-from sparkserver import free_port, spark_server  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
 from pgclock import run_sql  # noqa: E402
 from slotlake import bronze, delta_log, storage  # noqa: E402
@@ -34,6 +33,7 @@ from slotlake.config import SPARK_SERVER_ENV, load_config  # noqa: E402
 from slotlake.errors import ExtractError  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake.lsn import Lsn  # noqa: E402
+from sparkserver import free_port, spark_server  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
               pytest.mark.spark_submit]  # s3a: the apps need its S3 settings and jars; kills in apps
