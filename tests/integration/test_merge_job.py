@@ -876,15 +876,34 @@ def test_change_number_orders_changes_as_their_commit_lsn_and_seq(spark):
 def test_a_batch_runs_interpreted_or_generated_by_its_size_unless_the_config_says(spark, tmp_path, caplog):
     import logging
 
-    from slotlake.spark.session import GENERATED_CONF, INTERPRETED_CONF, SMALL_BATCH_ROWS, codegen_for_batch
+    from slotlake.spark.session import (
+        GENERATED_CONF,
+        INTERPRETED_CONF,
+        SMALL_BATCH_ROWS,
+        SMALL_PLAN_CONF,
+        codegen_for_batch,
+    )
 
+    aqe = "spark.sql.adaptive.enabled"
+    assert SMALL_PLAN_CONF == {aqe: "false"}
     session = spark.newSession()
+    default_aqe = session.conf.get(aqe)
+    assert default_aqe == "true"  # Spark's default, which a large batch keeps
     assert codegen_for_batch(session, SMALL_BATCH_ROWS, {}) == "generated code"
     assert [session.conf.get(k) for k in GENERATED_CONF] == list(GENERATED_CONF.values())
+    assert session.conf.get(aqe) == "true"
     assert codegen_for_batch(session, 10, {"spark.sql.codegen.wholeStage": "true"}) is None  # the user's win
     assert [session.conf.get(k) for k in GENERATED_CONF] == list(GENERATED_CONF.values())
+    assert session.conf.get(aqe) == "false"  # small: planned once, whatever the code keys say
+    assert codegen_for_batch(session, SMALL_BATCH_ROWS, {}) == "generated code"
+    assert session.conf.get(aqe) == "true"  # back to the default for a large batch
     assert codegen_for_batch(session, SMALL_BATCH_ROWS - 1, {}) == "interpreted"
     assert [session.conf.get(k) for k in INTERPRETED_CONF] == list(INTERPRETED_CONF.values())
+    assert session.conf.get(aqe) == "false"
+    other = spark.newSession()
+    other.conf.set(aqe, "true")  # as a config's own spark.conf would set it
+    assert codegen_for_batch(other, 10, {aqe: "true"}) == "interpreted"
+    assert other.conf.get(aqe) == "true"  # the user's setting wins
     # The merge asks per table, in the table's own session, and says it in the table's "merged" line.
     with caplog.at_level(logging.INFO, logger="slotlake.merge.job"):
         test_insert_update_delete_by_primary_key(Lake(spark, tmp_path / "a"))

@@ -48,6 +48,12 @@ GENERATED_CONF: dict[str, str] = {
     "spark.sql.codegen.wholeStage": "true",
     "spark.sql.codegen.factoryMode": "FALLBACK",
 }
+# A small batch's queries are also planned once, without adaptive execution (which re-plans a query at each shuffle
+# from its runtime statistics: with a batch this small and gold under SMALL_GOLD_BYTES there is nothing to coalesce,
+# skew or broadcast differently, and re-planning is driver time, cold in a spark-submit app): a 1,000-change sync
+# over the 4 pgbench tables 18.3 -> 16.6 s (bench/README.md, "Small batches are planned once"). A larger batch, or a
+# small one into a big gold table, keeps it: there the runtime statistics can pick a broadcast join or coalesce.
+SMALL_PLAN_CONF: dict[str, str] = {"spark.sql.adaptive.enabled": "false"}
 SMALL_BATCH_ROWS = 20_000
 # A small batch's MERGE still reads (and copy-on-write rewrites) the gold files holding its keys, which for random
 # keys is all of gold: interpreted, a 1,000-change MERGE into 10 M rows took 133 s instead of 26 s (bench/README.md,
@@ -56,13 +62,20 @@ SMALL_GOLD_BYTES = 1 << 20
 
 
 def codegen_for_batch(session, rows: int, user_conf: Mapping[str, str], gold_bytes: int = 0) -> str | None:
-    """Sets `INTERPRETED_CONF` on `session` (one table's own session) when its batch of `rows` changes is small and
-    so is the gold table its queries may read (`gold_bytes`: its Delta snapshot's size), else `GENERATED_CONF`, and
-    says which ("interpreted" / "generated code"); None, and nothing set, when the config's `spark.conf` sets either
-    key (a user's setting wins)."""
+    """Sets `INTERPRETED_CONF` and `SMALL_PLAN_CONF` on `session` (one table's own session) when its batch of `rows`
+    changes is small and so is the gold table its queries may read (`gold_bytes`: its Delta snapshot's size), else
+    `GENERATED_CONF` and Spark's default plan settings, and says which ("interpreted" / "generated code"); None, and
+    no code setting made, when the config's `spark.conf` sets either code key (a user's setting wins, as it does for
+    each key of `SMALL_PLAN_CONF`)."""
+    small = rows < SMALL_BATCH_ROWS and gold_bytes < SMALL_GOLD_BYTES
+    for k, v in SMALL_PLAN_CONF.items():
+        if k not in user_conf:
+            if small:
+                session.conf.set(k, v)
+            else:
+                session.conf.unset(k)  # Spark's default (adaptive execution on)
     if any(k in user_conf for k in INTERPRETED_CONF):
         return None
-    small = rows < SMALL_BATCH_ROWS and gold_bytes < SMALL_GOLD_BYTES
     for k, v in (INTERPRETED_CONF if small else GENERATED_CONF).items():
         session.conf.set(k, v)
     return "interpreted" if small else "generated code"
