@@ -196,12 +196,42 @@ def cli_sync(cfg) -> float:
     return secs
 
 
-def fixed_cost(cfg, pg: LocalPostgres, repeat: int) -> dict[str, list[float]]:
-    """Seconds of an idle CLI sync and of a ~1,000-change CLI sync, `repeat` times each (they alternate)."""
+# pgbench's tpcb-like script with the account drawn from the 10,000 accounts added after the initial copy
+# (`--small-keys recent`, RECENT_ACCOUNTS): the rows an application changes are most often its newest ones (orders,
+# sessions), and rows inserted after the copy lie in gold files of their own, not in the copy's big files.
+RECENT_ACCOUNTS = 10_000
+RECENT_TPCB = """\\set aid random(100000 * :scale + 1, 100000 * :scale + 10000)
+\\set bid random(1, 1 * :scale)
+\\set tid random(1, 10 * :scale)
+\\set delta random(-5000, 5000)
+BEGIN;
+UPDATE pgbench_accounts SET abalance = abalance + :delta WHERE aid = :aid;
+UPDATE pgbench_tellers SET tbalance = tbalance + :delta WHERE tid = :tid;
+UPDATE pgbench_branches SET bbalance = bbalance + :delta WHERE bid = :bid;
+INSERT INTO pgbench_history (tid, bid, aid, delta, mtime) VALUES (:tid, :bid, :aid, :delta, CURRENT_TIMESTAMP);
+END;
+"""
+
+
+def fixed_cost(cfg, pg: LocalPostgres, repeat: int, small_keys: str = "random",
+               scale: int = 1) -> dict[str, list[float]]:
+    """Seconds of an idle CLI sync and of a ~1,000-change CLI sync, `repeat` times each (they alternate). The small
+    sync's accounts are drawn from all of them (`small_keys` random: pgbench's tpcb-like) or (recent) from
+    RECENT_ACCOUNTS accounts inserted after the copy and synced once first (untimed)."""
     out: dict[str, list[float]] = {"idle sync": [], "1,000-change sync": []}
+    script = ["-b", "tpcb-like"]
+    if small_keys == "recent":
+        path = Path(cfg.path).parent / "recent-tpcb.sql"
+        path.write_text(RECENT_TPCB)
+        script = ["-f", str(path), "-s", str(scale)]  # a custom script's :scale is -s (default 1)
+        n = 100_000 * scale
+        with psycopg.connect(cfg.source("bench").dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO pgbench_accounts (aid, bid, abalance, filler) "
+                         "SELECT g, 1, 0, '' FROM generate_series(%s::int, %s::int) g", (n + 1, n + RECENT_ACCOUNTS))
+        cli_sync(cfg)
     for _ in range(repeat):
         out["idle sync"].append(cli_sync(cfg))
-        pgbench(pg, "-n", "-c", "1", "-t", str(1000 // CHANGES_PER_TXN))
+        pgbench(pg, "-n", *script, "-c", "1", "-t", str(1000 // CHANGES_PER_TXN))
         out["1,000-change sync"].append(cli_sync(cfg))
     return out
 
@@ -232,6 +262,9 @@ def main() -> None:
     ap.add_argument("--deletion-vectors", action="store_true",
                     help="config `deletion_vectors: true`: gold MERGEs mark changed rows instead of rewriting files "
                          "(with --scale 100: what a small batch into a 10 M-row table costs)")
+    ap.add_argument("--small-keys", choices=("random", "recent"), default="random",
+                    help="the accounts the 1,000-change syncs update: random (pgbench's tpcb-like, default) or "
+                         "10,000 added after the initial copy (a table whose newest rows change, e.g. orders)")
     ap.add_argument("--auto-server", action="store_true",
                     help="`spark.server: auto`: the first sync starts the server (inside its time), the later "
                          "ones reuse it, as scheduled syncs do; it is stopped at the end")
@@ -316,7 +349,7 @@ def main() -> None:
             t = time.perf_counter()
             replay(cfg, "bench", lsn_before, _silver_end(paths), dest=str(Path(tmp) / "replayed"))
             replay_s = time.perf_counter() - t
-        fixed = fixed_cost(cfg, pg, args.repeat)
+        fixed = fixed_cost(cfg, pg, args.repeat, args.small_keys, args.scale)
         accounts = delta_log.latest_slotlake_commit(paths.gold("public", "pgbench_accounts"))
         stack.close()  # stops the Spark server, if any
         load_end = os.getloadavg()
@@ -342,7 +375,8 @@ def main() -> None:
                   f"--dest DIR ({where})")
         if accounts is not None and args.repeat:  # what the last small sync did to the biggest table
             m = accounts.metrics
-            print(f"last 1,000-change sync, pgbench_accounts ({args.scale * 100_000:,} rows) {accounts.operation}: "
+            print(f"last 1,000-change sync ({args.small_keys} accounts), pgbench_accounts ({args.scale * 100_000:,} "
+                  f"rows) {accounts.operation}: "
                   f"files removed {m.get('numTargetFilesRemoved', 0)}, added {m.get('numTargetFilesAdded', 0)}, "
                   f"rows copied {m.get('numTargetRowsCopied', 0):,}, deletion vectors added "
                   f"{m.get('numTargetDeletionVectorsAdded', 0)}, bytes written {m.get('numTargetBytesAdded', 0):,}")

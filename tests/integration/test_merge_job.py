@@ -937,6 +937,78 @@ def test_a_small_batch_into_a_big_gold_table_runs_generated_code(spark, tmp_path
     assert [m.rsplit(" quarantined", 1)[1] for m in merged] == ["; interpreted)", "; generated code)"], merged
 
 
+def test_a_small_batch_into_a_big_gold_table_reads_only_the_files_its_keys_can_be_in(spark, tmp_path, monkeypatch):
+    """A small keyed batch into a big gold table names its keys in the MERGE condition, so Delta skips the gold
+    files whose statistics hold none of them instead of reading all of gold (`_key_filter`). The proof: the files
+    of the older keys are moved away before the MERGE, which would fail reading them."""
+    import shutil
+
+    import pyarrow as pa
+    from deltalake import DeltaTable as RsTable
+
+    import slotlake.spark.session as session
+
+    monkeypatch.setattr(session, "SMALL_GOLD_BYTES", 1)  # the items table of a few rows counts as big here
+    lake = Lake(spark, tmp_path)
+    for i, first in enumerate((1, 11, 21)):  # three batches of new keys: appends, files of their own
+        lake.decode([ITEMS.ins(100 * (i + 1), j, str(k), f"v{k}") for j, k in enumerate(range(first, first + 10))],
+                    100 * (i + 1) + 50)
+        lake.merge()
+    gold = lake.paths.gold("public", "items")
+    files = pa.table(RsTable(gold).get_add_actions(flatten=True)).to_pylist()
+    old = [f["path"] for f in files if f["max.id"] <= 20]
+    assert old and len(old) < len(files), files
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for f in old:
+        shutil.move(f"{gold}/{f}", aside / f.replace("/", "_"))
+    lake.decode([ITEMS.upd(400, 0, "25", "new25"), ITEMS.dele(400, 1, "27", "v27"), ITEMS.ins(400, 2, "31", "v31")],
+                450)
+    lake.merge()
+    for f in old:
+        shutil.move(aside / f.replace("/", "_"), f"{gold}/{f}")
+    from delta.tables import DeltaTable
+
+    assert "IN (25,27,31)" in DeltaTable.forPath(spark, gold).history(1).collect()[0]["operationParameters"][
+        "predicate"]
+    assert lake.gold(ITEMS) == sorted([*((k, f"v{k}") for k in range(1, 31) if k not in (25, 27)), (25, "new25"),
+                                       (31, "v31")], key=repr)
+
+
+# Keyed scenarios (key changes, NULL keys, soft deletes, TOAST) merged into gold counted as big, so the batch's keys
+# filter gold in the MERGE condition: as IN lists, or as ranges when the batch has more than `_KEY_FILTER_MAX` keys.
+_KEY_FILTERED = [(test_key_change_deletes_old_key_and_chains, 5_000), (test_null_key_column_matches_null_safely, 5_000),
+                 (test_unchanged_toast_across_a_key_change, 1),
+                 (test_soft_delete_by_key_change_keeps_the_old_key_and_state, 1)]
+
+
+@pytest.mark.parametrize(("scenario", "limit"), _KEY_FILTERED,
+                         ids=lambda x: x.__name__.removeprefix("test_") if callable(x) else "in" if x > 1 else "range")
+def test_scenarios_with_gold_filtered_by_the_batch_keys(scenario, limit, spark, tmp_path, monkeypatch):
+    import inspect
+
+    from delta.tables import DeltaTable
+
+    import slotlake.merge.job as job
+    import slotlake.spark.session as session
+
+    monkeypatch.setattr(session, "SMALL_GOLD_BYTES", 1)
+    monkeypatch.setattr(job, "_KEY_FILTER_MAX", limit)
+    filters, real = [], job._key_filter
+    monkeypatch.setattr(job, "_key_filter", lambda *a, **k: filters.append(real(*a, **k)) or filters[-1])
+    if "lake" in inspect.signature(scenario).parameters:
+        scenario(Lake(spark, tmp_path))
+    else:
+        scenario(spark, tmp_path)
+    merges = [r["version"] for gold in (tmp_path / "lake" / SRC / "gold").glob("*/*")
+              for r in DeltaTable.forPath(spark, str(gold)).history().collect() if r["operation"] == "MERGE"]
+    # Every MERGE into an existing gold table (the first merge created gold: nothing to skip) had a filter: IN lists
+    # for batches of up to `limit` keys, ranges for bigger ones.
+    assert len(filters) == len([v for v in merges if v > 0]) > 0 and all(f is not None for f in filters), merges
+    ranges = [str(f) for f in filters if ">=(" in str(f) and "<=(" in str(f)]  # Column<'and(>=(t.id, 1), ...'>
+    assert bool(ranges) == (limit == 1), [str(f) for f in filters]
+
+
 # The tests above merge batches of a few rows, which run interpreted; a batch of SMALL_BATCH_ROWS changes or more
 # runs Spark's generated code (production's path for big batches). These scenarios cover keyed lineages (key
 # changes, TOAST) and soft deletes with TRUNCATE on that path too (two: each costs ~45 s of compiling).

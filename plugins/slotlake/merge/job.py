@@ -88,6 +88,7 @@ from slotlake.merge.watermarks import (
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
 from slotlake.source.visibility import CopySnapshot
+from slotlake.spark import session as spark_session
 from slotlake.spark.schemas import fields_of, struct_of
 from slotlake.spark.session import codegen_for_batch, error_summary
 
@@ -372,7 +373,8 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     if n == 0:
         return TableMergeResult(schema, table, 0, state.version)
     # The table's session, from here on: a small batch's queries run interpreted (no code to generate and compile).
-    codegen = codegen_for_batch(session, n, user_conf or {}, _gold_bytes(session, gold) if exists else 0)
+    gold_bytes = _gold_bytes(session, gold) if exists else 0
+    codegen = codegen_for_batch(session, n, user_conf or {}, gold_bytes)
     last_commit_ts = max((g.last_ts for g in groups if g.last_ts is not None), default=None)
     trunc = None
     if any(g.truncs for g in groups):  # rare: the last TRUNCATE from its own rows only
@@ -473,18 +475,22 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
     dv = src.uses_deletion_vectors(name)  # config `deletion_vectors`
     if exists:  # (a new table got it when created above)
         set_deletion_vectors(session, gold, dv)
+    if dv and _BROADCAST_THRESHOLD not in (user_conf or {}):
+        # A MERGE with deletion vectors joins its source with the touched files' rows (key, file path, row
+        # index) and may broadcast that side, which Spark sizes from gold's compressed files scaled to the key
+        # column: 10 M pgbench accounts were estimated under the 10 MB default and built a 1.1 GB hash table
+        # (driver out of memory). At 1 MB a broadcast target stays small whatever the estimate's error
+        # (bench/README.md, "Big gold tables").
+        session.conf.set(_BROADCAST_THRESHOLD, str(_DV_BROADCAST_BYTES))
     keys = None
-    if dv:
-        if _BROADCAST_THRESHOLD not in (user_conf or {}):
-            # A MERGE with deletion vectors joins its source with the touched files' rows (key, file path, row
-            # index) and may broadcast that side, which Spark sizes from gold's compressed files scaled to the key
-            # column: 10 M pgbench accounts were estimated under the 10 MB default and built a 1.1 GB hash table
-            # (driver out of memory). At 1 MB a broadcast target stays small whatever the estimate's error
-            # (bench/README.md, "Big gold tables").
-            session.conf.set(_BROADCAST_THRESHOLD, str(_DV_BROADCAST_BYTES))
-        if exists and trunc is None and source_df is not None and plan is not None \
-                and plan.strategy is KeyStrategy.KEYED:
-            keys = _key_filter(plan, source_df)
+    small = n < spark_session.SMALL_BATCH_ROWS  # the sizes `codegen_for_batch` decides by
+    if exists and trunc is None and source_df is not None and plan is not None \
+            and plan.strategy is KeyStrategy.KEYED and (dv or (small and gold_bytes >= spark_session.SMALL_GOLD_BYTES)):
+        # Gold's rows the MERGE can match lie within the batch's keys: said in its condition, Delta skips every
+        # gold file whose key statistics hold none of them (recent keys of a big table: the files of the newest
+        # rows) instead of reading the key column of all of gold (bench/README.md, "Big gold tables: the batch's
+        # keys prune the MERGE"). Not for a big batch: finding its keys would be one more pass over it.
+        keys = _key_filter(plan, source_df, ranges=small)
     _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc, append_df, keys)
     version, metrics = _last_commit(session, gold)
     rewrite = rewrite_note(TableName(schema, table), metrics, dv)
@@ -691,26 +697,38 @@ def _gold_holds_any(target: DataFrame, batch_keys: DataFrame, cond) -> bool:
     return bool(target.join(batch_keys, cond, "left_semi").limit(1).count())
 
 
-def _key_filter(plan: TablePlan, source_df: DataFrame) -> Column | None:
-    """For a small keyed MERGE into a table with deletion vectors: a condition on gold's key columns that every
-    row the MERGE can match passes (each key column IN the batch's values of it, or NULL where the batch has a
-    NULL), so Spark filters gold's rows by it before they reach the MERGE's joins: a few hundred keys of a 10 M-row
-    table then join as a few hundred rows, not as every row of the files they touch (bench/README.md, "Big gold
-    tables"). None when the batch has more than `_KEY_FILTER_MAX` keys or a key column of another type than
-    integers and strings (values that round-trip through Python exactly)."""
+def _key_filter(plan: TablePlan, source_df: DataFrame, ranges: bool) -> Column | None:
+    """For a keyed MERGE: a condition on gold's key columns that every row the MERGE can match passes, built from
+    the batch's own match keys. Each key column IN the batch's values of it when the batch has at most
+    `_KEY_FILTER_MAX` keys, else (`ranges`) BETWEEN its least and greatest value; OR NULL where the batch has a
+    NULL. Delta skips the gold files whose statistics hold no such key, and Spark filters the rows of the others
+    before the MERGE's joins: a few hundred keys of a 10 M-row table join as a few hundred rows, not as every row
+    of the files they touch (bench/README.md, "Big gold tables"). None when a key column has another type than
+    integers and strings (values that round-trip through Python exactly), or the batch has more keys and not
+    `ranges`."""
     nkeys = len(plan.key_positions)
     names = [f"__k{j}" for j in range(nkeys)]
     if not all(isinstance(source_df.schema[c].dataType, (IntegralType, StringType)) for c in names):
         return None
+    cols = [F.col(f"t.{_q(plan.shape.columns[k])}") for k in plan.key_positions]
     rows = source_df.select(*names).distinct().limit(_KEY_FILTER_MAX + 1).collect()
-    if len(rows) > _KEY_FILTER_MAX:
-        return None
     conds = []
-    for j, k in enumerate(plan.key_positions):
-        col = F.col(f"t.{_q(plan.shape.columns[k])}")
-        values = sorted({r[j] for r in rows if r[j] is not None})
-        cond = col.isin(values) if values else F.lit(False)
-        conds.append(cond | col.isNull() if any(r[j] is None for r in rows) else cond)
+    if len(rows) <= _KEY_FILTER_MAX:
+        for j, col in enumerate(cols):
+            values = sorted({r[j] for r in rows if r[j] is not None})
+            cond = col.isin(values) if values else F.lit(False)
+            conds.append(cond | col.isNull() if any(r[j] is None for r in rows) else cond)
+        return lineage.and_all(conds)
+    if not ranges:
+        return None
+    bounds = source_df.agg(*[F.min(c).alias(f"min{j}") for j, c in enumerate(names)],
+                           *[F.max(c).alias(f"max{j}") for j, c in enumerate(names)],
+                           *[F.count(F.when(F.col(c).isNull(), 1)).alias(f"nulls{j}")
+                             for j, c in enumerate(names)]).collect()[0]
+    for j, col in enumerate(cols):
+        lo, hi = bounds[f"min{j}"], bounds[f"max{j}"]
+        cond = col.between(lo, hi) if lo is not None else F.lit(False)
+        conds.append(cond | col.isNull() if bounds[f"nulls{j}"] else cond)
     return lineage.and_all(conds)
 
 
