@@ -200,7 +200,7 @@ def cli_sync(cfg) -> float:
 # (`--small-keys recent`, RECENT_ACCOUNTS): the rows an application changes are most often its newest ones (orders,
 # sessions), and rows inserted after the copy lie in gold files of their own, not in the copy's big files.
 RECENT_ACCOUNTS = 10_000
-RECENT_TPCB = """\\set aid random(100000 * :scale + 1, 100000 * :scale + 10000)
+RECENT_TPCB = f"""\\set aid random(100000 * :scale + 1, 100000 * :scale + {RECENT_ACCOUNTS})
 \\set bid random(1, 1 * :scale)
 \\set tid random(1, 10 * :scale)
 \\set delta random(-5000, 5000)

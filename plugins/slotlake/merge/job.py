@@ -489,7 +489,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         # Gold's rows the MERGE can match lie within the batch's keys: said in its condition, Delta skips every
         # gold file whose key statistics hold none of them (recent keys of a big table: the files of the newest
         # rows) instead of reading the key column of all of gold (bench/README.md, "Big gold tables: the batch's
-        # keys prune the MERGE"). Not for a big batch: finding its keys would be one more pass over it.
+        # keys prune a copy-on-write MERGE"). Not for a big batch: finding its keys would be one more pass over it.
         keys = _key_filter(plan, source_df, ranges=small)
     _execute_merge(session, src, gold, schema, table, end, plan, soft, source_df, trunc, append_df, keys)
     version, metrics = _last_commit(session, gold)
