@@ -69,3 +69,14 @@ def test_log_reads_equal_spark(spark, tmp_path):
     version, metrics = merge_job._last_commit(spark, path)
     assert version == row["version"] == 5
     assert metrics["numOutputRows"] == row["operationMetrics"]["numOutputRows"] == "2"
+
+    # Gold's size as the merge weighs a batch against it (`_gold_bytes`): what DESCRIBE DETAIL says, read with
+    # delta-rs; also after a DELETE removed files and an OPTIMIZE replaced them.
+    def spark_bytes() -> int:
+        return int(DeltaTable.forPath(spark, path).detail().select("sizeInBytes").first()[0])
+
+    assert watermarks.table_bytes(path) == spark_bytes() > 0
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id >= 4")
+    spark.sql(f"OPTIMIZE delta.`{path}`")
+    assert watermarks.table_bytes(path) == merge_job._gold_bytes(spark, path) == spark_bytes() > 0
+    assert watermarks.table_bytes(str(tmp_path / "none")) is None  # no table: the caller asks Spark

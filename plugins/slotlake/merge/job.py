@@ -84,6 +84,7 @@ from slotlake.merge.watermarks import (
     runs_tables_at,
     silver_file_stats,
     silver_layouts,
+    table_bytes,
 )
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
@@ -583,9 +584,12 @@ def _copy_snapshot(session: SparkSession, gold: str) -> CopySnapshot | None:
 
 
 def _gold_bytes(session: SparkSession, gold: str) -> int:
-    """The size of gold's current files (its Delta snapshot, which the table's MERGE or append computes anyway)."""
+    """The size of gold's current files: from its log with delta-rs, else its Delta snapshot's (Spark)."""
     from delta.tables import DeltaTable
 
+    size = table_bytes(gold)
+    if size is not None:
+        return size
     row = DeltaTable.forPath(session, gold).detail().select("sizeInBytes").first()
     return int(row[0] or 0) if row is not None else 0
 

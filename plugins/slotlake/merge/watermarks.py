@@ -109,6 +109,25 @@ def silver_file_stats(path: str) -> tuple[SilverFileStats, ...] | None:
         column("min.commit_end_lsn"), strict=True))
 
 
+def table_bytes(path: str) -> int | None:
+    """The size of the current files of the Delta table at `path` (what Spark's `DESCRIBE DETAIL` calls
+    sizeInBytes), read from its log with delta-rs (no Spark job); None when that is not possible here (as
+    `silver_file_stats`): the caller then asks Spark."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    if not delta_log.readable(path):
+        return None
+    try:
+        uri, options = storage.delta_rs_table_args(path)
+        sizes = pa.table(DeltaTable(uri, storage_options=options).get_add_actions(flatten=True)).column("size_bytes")
+    except Exception as e:  # any reason (a reader feature delta-rs lacks, say): Spark's answer is always right
+        log.info("size of %s not read with delta-rs (%s); asking Spark", path, error_summary(e))
+        return None
+    return int(pc.sum(sizes).as_py() or 0)
+
+
 def local_files(table_path: str, files: Sequence[str]) -> list[str] | None:
     """The local paths of a Delta table's `files` (relative and URL-encoded, as its log names them); None when the
     table is not on a local file system."""
