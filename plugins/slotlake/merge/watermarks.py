@@ -9,6 +9,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from pyspark.sql import SparkSession
@@ -21,6 +22,9 @@ from slotlake.merge.plan import (
 )
 from slotlake.merge.silver_stats import SilverFileStats
 from slotlake.spark.session import error_summary
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 log = logging.getLogger(__name__)
 
@@ -87,17 +91,8 @@ def silver_file_stats(path: str) -> tuple[SilverFileStats, ...] | None:
     """Every file of the silver-shaped Delta table at `path` with its statistics (`merge/silver_stats.py`), read
     from its log with delta-rs (no Spark job); None when that is not possible here (no table, an object store
     delta-rs is not set up for, a log it cannot read): the caller then asks Spark, as before."""
-    import pyarrow as pa
-    from deltalake import DeltaTable
-
-    if not delta_log.readable(path):
-        return None
-    try:
-        uri, options = storage.delta_rs_table_args(path)
-        actions = pa.table(DeltaTable(uri, storage_options=options).get_add_actions(flatten=True))
-    except Exception as e:  # any reason: the caller's Spark query is always right
-        log.info("silver file statistics not read from %s (%s); tables are checked with Spark", path,
-                 error_summary(e))
+    actions = _add_actions(path, "silver file statistics", "tables are checked with Spark")
+    if actions is None:
         return None
 
     def column(name: str) -> list:
@@ -113,19 +108,27 @@ def table_bytes(path: str) -> int | None:
     """The size of the current files of the Delta table at `path` (what Spark's `DESCRIBE DETAIL` calls
     sizeInBytes), read from its log with delta-rs (no Spark job); None when that is not possible here (as
     `silver_file_stats`): the caller then asks Spark."""
-    import pyarrow as pa
     import pyarrow.compute as pc
+
+    actions = _add_actions(path, "size", "asking Spark")
+    return None if actions is None else int(pc.sum(actions.column("size_bytes")).as_py() or 0)
+
+
+def _add_actions(path: str, what: str, instead: str) -> pa.Table | None:
+    """The add actions (current files, flattened statistics) of the Delta table at `path`, read with delta-rs;
+    None, logged as `what` not read and done `instead`, when that is not possible here (no table, an object store
+    delta-rs is not set up for, a log or reader feature it cannot read)."""
+    import pyarrow as pa
     from deltalake import DeltaTable
 
     if not delta_log.readable(path):
         return None
     try:
         uri, options = storage.delta_rs_table_args(path)
-        sizes = pa.table(DeltaTable(uri, storage_options=options).get_add_actions(flatten=True)).column("size_bytes")
-    except Exception as e:  # any reason (a reader feature delta-rs lacks, say): Spark's answer is always right
-        log.info("size of %s not read with delta-rs (%s); asking Spark", path, error_summary(e))
+        return pa.table(DeltaTable(uri, storage_options=options).get_add_actions(flatten=True))
+    except Exception as e:  # any reason: the caller's Spark query is always right
+        log.info("%s not read from %s with delta-rs (%s); %s", what, path, error_summary(e), instead)
         return None
-    return int(pc.sum(sizes).as_py() or 0)
 
 
 def local_files(table_path: str, files: Sequence[str]) -> list[str] | None:
