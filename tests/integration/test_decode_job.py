@@ -585,3 +585,55 @@ def silver_rows_df(spark, changes: str, table: str, end):
     return (spark.read.format("delta").load(changes)
             .where((F.col("schema_name") == "public") & (F.col("table_name") == table)
                    & (F.col("commit_lsn") <= int(end))))
+
+
+def test_a_small_batch_is_decoded_in_the_driver_a_big_one_by_a_task_per_file_alike(spark, pg_db, tmp_path,
+                                                                                     monkeypatch):
+    """Bronze files of at most `IN_DRIVER_BRONZE_BYTES` in all are decoded in the driver by the function the
+    tasks run, no Spark job; above it by a Spark job of a task per file. The same bronze files give the same silver
+    rows either way (a keyed table, unchanged TOAST, a FULL-identity table with duplicate rows, a TRUNCATE), read
+    alike by Spark and delta-rs."""
+    import shutil
+
+    import deltalake
+
+    import slotlake.decode.job as decode_job
+
+    cfg_of = {name: parse_config({"lake": str(tmp_path / name), "sources": {"shop": {"dsn": pg_db}}})
+              for name in ("driver", "tasks")}
+    paths = {name: LakePaths.of(c.lake, "shop") for name, c in cfg_of.items()}
+    cap = Capture(pg_db)
+    try:
+        cap.execute("CREATE TABLE a (id int PRIMARY KEY, v text, big text)")
+        cap.execute("ALTER TABLE a ALTER big SET STORAGE EXTERNAL")
+        cap.execute("CREATE TABLE d (k int, v text)")
+        cap.execute("ALTER TABLE d REPLICA IDENTITY FULL")
+        cap.transaction(f"INSERT INTO a SELECT g, 'x', '{BIG}' FROM generate_series(1, 12) g",
+                        "INSERT INTO d VALUES (1, 'p'), (1, 'p'), (2, 'q')")
+        archive(cap, Path(paths["driver"].bronze), cap.start_lsn)
+        cap.transaction("UPDATE a SET v = 'y' WHERE id <= 4", "DELETE FROM d WHERE k = 2")
+        cap.transaction("TRUNCATE d", "INSERT INTO d VALUES (3, 'r')", "DELETE FROM a WHERE id = 12")
+        archive(cap, Path(paths["driver"].bronze), cap.start_lsn)
+    finally:
+        cap.close()
+    shutil.copytree(paths["driver"].bronze, paths["tasks"].bronze)
+    decided = []
+    in_driver = decode_job._in_driver
+    monkeypatch.setattr(decode_job, "_in_driver", lambda files: decided.append(in_driver(files)) or decided[-1])
+    assert run_decode(spark, cfg_of["driver"], "shop").changes_written == 12 + 3 + 4 + 1 + 1 + 1 + 1
+    monkeypatch.setattr(decode_job, "IN_DRIVER_BRONZE_BYTES", 0)
+    assert run_decode(spark, cfg_of["tasks"], "shop").changes_written == 23
+    assert decided == [True, False]
+
+    def rows(p: LakePaths) -> list[dict]:
+        by_spark = [r.asDict(recursive=True) for r in silver_rows(spark, p.changes)]
+        by_rs = sorted(deltalake.DeltaTable(p.changes).to_pyarrow_table().to_pylist(),
+                       key=lambda r: (r["commit_lsn"], r["seq"]))
+        assert [{k: r[k] for k in SILVER_COLUMNS if k != "commit_ts"} for r in by_rs] == [
+            {k: r[k] for k in SILVER_COLUMNS if k != "commit_ts"} for r in by_spark]
+        return by_spark
+
+    driver, tasks = rows(paths["driver"]), rows(paths["tasks"])
+    assert len(driver) == 23 and driver == tasks
+    assert {r["op"] for r in driver} == {"I", "U", "D", "T"}
+    assert sum(1 for r in driver if r["table_name"] == "a" and r["op"] == "U" and r["unchanged"]) == 4  # TOAST

@@ -5,6 +5,7 @@ import datetime as dt
 import decimal
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -499,6 +500,38 @@ def test_runs_rows_are_added_once_per_end_and_the_complete_run_marks_its_commit(
     from slotlake.contracts import RUNS_COMPLETE_PROPERTY
     assert delta_log.table_properties(lake.paths.runs)[RUNS_COMPLETE_PROPERTY] == str(Lsn(250))
     assert runs() == [(150, "docs", 1), (150, "items", 1), (250, "docs", 2), (250, "items", 2)]
+
+
+def test_runs_rows_are_delta_rs_appends_that_spark_and_delta_rs_read_alike(lake):
+    """A local lake's `_runs` rows are appended with delta-rs (no Spark job at a run's end), the complete run's mark
+    in the commit's userMetadata; an older `_runs` without the later columns gets them (ALTER TABLE, Spark) and
+    then the same appends. Spark and delta-rs read the same rows."""
+    import deltalake
+
+    from slotlake import contracts, delta_log
+    from slotlake.contracts import STAGE_RUNS
+
+    # a `_runs` of the first release: its first five columns only
+    lake.spark.createDataFrame([], contracts.ddl(contracts.RUNS[:5])).write.format("delta").save(lake.paths.runs)
+    lake.decode([ITEMS.ins(100, 0, "1", "a"), DOCS.ins(100, 1, "1", "b", "c")], 150)
+    lake.merge()
+    lake.decode([ITEMS.upd(200, 0, "1", "b")], 250)
+    lake.merge()
+    assert delta_log.stage_end(lake.paths.runs, STAGE_RUNS) == Lsn(250)
+    newest = next(delta_log.commits(lake.paths.runs))
+    info = next(json.loads(line)["commitInfo"] for line in
+                (Path(lake.paths.runs) / "_delta_log" / f"{newest.version:020d}.json").read_text().splitlines()
+                if line.startswith('{"commitInfo"'))
+    assert info["engineInfo"].startswith("delta-rs"), info
+    names = [n for n, _ in contracts.RUNS]
+    by_spark = sorted(tuple(r[n] for n in names) for r in lake.spark.read.format("delta").load(lake.paths.runs)
+                      .collect())
+    by_rs = sorted(tuple(r[n] for n in names) for r in
+                   deltalake.DeltaTable(lake.paths.runs).to_pyarrow_table().to_pylist())
+    assert [(r[0], r[2], r[3], r[6]) for r in by_spark] == [(150, "docs", 1, 1), (150, "items", 1, 1),
+                                                            (250, "docs", 1, 0), (250, "items", 2, 1)]
+    # the same instants (Spark reads time stamps as naive UTC here, delta-rs with their zone)
+    assert [tuple(v.replace(tzinfo=None) if hasattr(v, "tzinfo") else v for v in r) for r in by_rs] == by_spark
 
 
 def test_a_run_reads_only_the_silver_files_after_the_last_complete_run(lake):

@@ -400,8 +400,31 @@ def _write_files(spark, files: list[BronzeFile], summary: BronzeSummary, held: i
                    decode=partial(decode_partition, known_ends=summary.big_ends, max_held_rows=held))
     reader = partial(_read_bronze_files, paths=[str(storage.local_path(f.path)) for f in files], task=task,
                      batch_rows=_BRONZE_BATCH_ROWS)
+    if _in_driver(files):
+        # A small batch: its files decoded one after the other here, by the same function the tasks run (a Spark
+        # job and its Python worker's start cost more than the decode: bench/README.md, "Small batches decode in
+        # the driver").
+        import pyarrow as pa
+
+        ids_batch = pa.RecordBatch.from_pydict({"id": pa.array(range(len(files)), pa.int64())})
+        return [row for out in reader(iter([ids_batch])) for row in out.to_pylist()]
     ids = spark.range(0, len(files), 1, len(files))  # one id per partition: file `id` is task `id`'s
     return [r.asDict() for r in _executor_errors(lambda: ids.mapInArrow(reader, silver_write.FILES_DDL).collect())]
+
+
+IN_DRIVER_BRONZE_BYTES = 4 << 20
+"""Bronze files of at most this many bytes in all (~100,000 pgbench changes) are decoded in the driver, not by a
+Spark job of a task per file (decoding them takes less than the job's start, its Python worker's included)."""
+
+
+def _in_driver(files: list[BronzeFile]) -> bool:
+    """Whether the decode of the local bronze `files` runs in this process (`IN_DRIVER_BRONZE_BYTES`)."""
+    total = 0
+    for f in files:
+        total += storage.local_path(f.path).stat().st_size
+        if total > IN_DRIVER_BRONZE_BYTES:
+            return False
+    return True
 
 
 def _read_bronze_files(ids: Iterator, *, paths: list[str], task: Callable[[Iterator], Iterator],

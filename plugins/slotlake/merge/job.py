@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from functools import partial
+from functools import cache, partial
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -28,11 +28,12 @@ from pyspark.sql.types import (
     IntegralType,
     NumericType,
     StringType,
+    StructType,
     TimestampNTZType,
     TimestampType,
 )
 
-from slotlake import contracts, delta_log, failpoints
+from slotlake import contracts, delta_log, failpoints, storage
 from slotlake.catalog import CatalogVersion
 from slotlake.config import Config, SourceConfig
 from slotlake.contracts import STAGE_RUNS as RUNS_STAGE
@@ -84,6 +85,7 @@ from slotlake.merge.watermarks import (
     runs_tables_at,
     silver_file_stats,
     silver_layouts,
+    spark_schema,
     table_bytes,
 )
 from slotlake.names import TableName
@@ -189,7 +191,10 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
         return MergeReport(source, None, ())
     if end_lsn is not None:
         end = min(end, Lsn.parse(end_lsn))
-    silver = spark.read.format("delta").load(changes_path)
+    # Silver through Delta, loaded only when asked for (its first load in the JVM is a Spark job over silver's log),
+    # and its schema, from the log without Spark where delta-rs reads it (once for every table)
+    silver = cache(lambda: spark.read.format("delta").load(changes_path))
+    silver_schema = cache(lambda: spark_schema(changes_path) or silver().schema)
     # Silver's file statistics, read once without Spark: a table no file can hold a change of is not planned at
     # all, and the tables with changes are usually read off them too (merge/silver_stats.py).
     files = silver_file_stats(changes_path)
@@ -206,7 +211,7 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
         gold = gold_path_for(*name) if gold_path_for else paths.gold(*name)
         started = datetime.now(UTC)
         result = _merge_table(spark.newSession(), src, paths, name[0], name[1], end, changes_path, gold, definitions,
-                              files, cfg.spark.conf)
+                              files, cfg.spark.conf, silver_schema)
         return replace(result, started_at=started)
 
     # Tables merge concurrently (each in its own session: invariant 4), at most _MAX_PARALLEL_TABLES at a time so a
@@ -245,10 +250,11 @@ def record_runs(spark: SparkSession, runs_path: str, runs: Sequence[tuple], end:
     their changes are in the gold commits).
 
     The rows `_runs` already holds for `end` are read with delta-rs (`runs_tables_at`), and the others are one
-    append: no MERGE (its planning and jobs were ~1.4 s of every run's end, bench/README.md). When every row is
-    there and only the complete run's mark is missing (a run over chosen tables that were all of them), an append
-    of nothing or a MERGE that inserts nothing would commit nothing, so the mark rides a table-property commit
-    (`slotlake.runs.completeEnd`). When delta-rs cannot read `_runs`, a MERGE inserts what is missing."""
+    append (with delta-rs on a local lake, `_append_runs_directly`): no MERGE (its planning and jobs were ~1.4 s
+    of every run's end, bench/README.md). When every row is there and only the complete run's mark is missing (a
+    run over chosen tables that were all of them), an append of nothing or a MERGE that inserts nothing would
+    commit nothing, so the mark rides a table-property commit (`slotlake.runs.completeEnd`). When delta-rs cannot
+    read `_runs`, a MERGE inserts what is missing."""
     from delta.tables import DeltaTable
 
     ensure_table(spark, runs_path, RUNS_SCHEMA)
@@ -260,8 +266,10 @@ def record_runs(spark: SparkSession, runs_path: str, runs: Sequence[tuple], end:
         spark.conf.set(USER_METADATA, stage_metadata(end, RUNS_STAGE))
     try:
         if present is not None and missing:
-            spark.createDataFrame(missing, contracts.ddl(RUNS_SCHEMA)).write.format("delta").mode("append") \
-                .save(runs_path)
+            if not _append_runs_directly(runs_path, missing, end, stage_metadata(end, RUNS_STAGE) if complete
+                                         else None):
+                spark.createDataFrame(missing, contracts.ddl(RUNS_SCHEMA)).write.format("delta").mode("append") \
+                    .save(runs_path)
             return
         if present is not None:  # only the mark is missing
             quoted, prop = runs_path.replace("`", "``"), contracts.RUNS_COMPLETE_PROPERTY
@@ -279,6 +287,35 @@ def record_runs(spark: SparkSession, runs_path: str, runs: Sequence[tuple], end:
             spark.conf.unset(USER_METADATA)
 
 
+def _append_runs_directly(runs_path: str, rows: Sequence[tuple], end: Lsn, user_metadata: str | None) -> bool:
+    """Append `rows` to a local `_runs` with delta-rs, with `user_metadata` as the commit's userMetadata (a Spark
+    append's Python rows cost a job and a Python worker's start at the end of every run: bench/README.md, "Small
+    batches decode in the driver"). False, nothing written, when delta-rs cannot: an s3a lake (Spark's writer and
+    credentials), a table with other columns than `RUNS_SCHEMA`, a protocol delta-rs does not write; the caller
+    appends with Spark."""
+    if storage.is_s3(runs_path) or not delta_log.readable(runs_path):
+        return False
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+    from deltalake.transaction import CommitProperties
+
+    schema = contracts.arrow_schema(RUNS_SCHEMA)
+    try:
+        table = DeltaTable(runs_path)
+        if [f.name for f in table.schema().fields] != schema.names:
+            return False
+        data = pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema=schema)
+        write_deltalake(table, data, mode="append", commit_properties=CommitProperties(
+            custom_metadata={"userMetadata": user_metadata} if user_metadata else None))
+    except Exception as e:
+        present = runs_tables_at(runs_path, end)
+        if present is not None and all((r[1], r[2]) in present for r in rows):
+            return True  # committed; what failed came after the commit (a checkpoint, say)
+        log.info("_runs not appended to with delta-rs (%s); Spark appends", error_summary(e))
+        return False
+    return True
+
+
 def _last_complete_run(paths: LakePaths, end: Lsn) -> Lsn | None:
     """The end of the last merge run over every table (the `_runs` commit marked so), read from `_runs`'s Delta log
     without Spark; None when there is none, it is past `end` (silver was rebuilt), or the log is not readable here."""
@@ -288,7 +325,7 @@ def _last_complete_run(paths: LakePaths, end: Lsn) -> Lsn | None:
     return since if since is not None and since <= end else None
 
 
-def _table_names(spark: SparkSession, silver: DataFrame, src: SourceConfig, end: Lsn,
+def _table_names(spark: SparkSession, silver: Callable[[], DataFrame], src: SourceConfig, end: Lsn,
                  tables: Sequence[str] | Sequence[tuple[str, str]] | None, *, runs_path: str,
                  since: Lsn | None, files: Sequence[SilverFileStats] | None = None) -> list[tuple[str, str]]:
     """The tables a run merges: `tables`, else the config's list, else every table of the source with changes in
@@ -309,7 +346,7 @@ def _table_names(spark: SparkSession, silver: DataFrame, src: SourceConfig, end:
         window = F.col("commit_lsn") <= int(end)
         if since is not None:
             window = window & (F.col("commit_end_lsn") > int(since))
-        found = {TableName(r[0], r[1]) for r in silver.where(window).select("schema_name", "table_name")
+        found = {TableName(r[0], r[1]) for r in silver().where(window).select("schema_name", "table_name")
                  .distinct().collect()}
     if since is not None:
         at_since = runs_tables_at(runs_path, since)
@@ -332,7 +369,8 @@ class _Truncate:
 def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, schema: str, table: str,
                  end: Lsn, changes_path: str, gold: str, definitions: TableDefinitions,
                  files: Sequence[SilverFileStats] | None = None,
-                 user_conf: Mapping[str, str] | None = None) -> TableMergeResult:
+                 user_conf: Mapping[str, str] | None = None,
+                 silver_schema: Callable[[], StructType] | None = None) -> TableMergeResult:
     from delta.tables import DeltaTable
 
     name = str(TableName(schema, table))
@@ -346,14 +384,18 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         # No silver file can hold a change of the table in its window: what the query below would count as 0.
         log.debug("merge %s: no silver file holds a change after %s; nothing to do", name, mark)
         return TableMergeResult(schema, table, 0, state.version)
-    silver = session.read.format("delta").load(changes_path)
     direct = _silver_files(changes_path, files, TableName(schema, table), mark, end)
     if direct:
         # The files Delta's data skipping would pick, from the statistics already read: read as Parquet with
-        # silver's schema, so the queries over the batch do not each run Delta's file filtering (a Spark job).
-        # Listed by the driver, not by a Spark job (Spark's default: one for 32 paths or more).
+        # silver's schema (from its log, without Delta's snapshot in the JVM), so the queries over the batch do
+        # not each run Delta's file filtering (a Spark job). Listed by the driver, not by a Spark job (Spark's
+        # default: one for 32 paths or more).
         session.conf.set(_LISTING_JOB_THRESHOLD, str(len(direct) + 1))
-        silver = session.read.schema(silver.schema).parquet(*direct)
+        read_as = silver_schema() if silver_schema else None
+        silver = session.read.schema(read_as or session.read.format("delta").load(changes_path).schema) \
+            .parquet(*direct)
+    else:
+        silver = session.read.format("delta").load(changes_path)
     batch = silver.where((F.col("schema_name") == schema) & (F.col("table_name") == table)
                          & (F.col("commit_lsn") <= int(end)))
     if mark is not None:

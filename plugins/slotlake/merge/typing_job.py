@@ -31,10 +31,16 @@ def ensure_table(spark: SparkSession, path: str, schema: contracts.Columns) -> N
     rows get NULL there, and appends with the full schema keep working)."""
     from delta.tables import DeltaTable
 
-    if not DeltaTable.isDeltaTable(spark, path):
+    from slotlake.merge.watermarks import table_columns
+
+    known = table_columns(path)  # from the Delta log, without a snapshot load in the JVM
+    if known is not None:
+        have = set(known)
+    elif not DeltaTable.isDeltaTable(spark, path):
         spark.createDataFrame([], contracts.ddl(schema)).write.format("delta").mode("ignore").save(path)
         return
-    have = set(DeltaTable.forPath(spark, path).toDF().columns)
+    else:
+        have = set(DeltaTable.forPath(spark, path).toDF().columns)
     missing = [(name, spark_type) for name, spark_type in schema if name not in have]
     if missing:
         spark.sql(f"ALTER TABLE delta.`{path.replace('`', '``')}` ADD COLUMNS (" + ", ".join(

@@ -25,6 +25,7 @@ from slotlake.spark.session import error_summary
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,41 @@ def _add_actions(path: str, what: str, instead: str) -> pa.Table | None:
         return pa.table(DeltaTable(uri, storage_options=options).get_add_actions(flatten=True))
     except Exception as e:  # any reason: the caller's Spark query is always right
         log.info("%s not read from %s with delta-rs (%s); %s", what, path, error_summary(e), instead)
+        return None
+
+
+def table_columns(path: str) -> list[str] | None:
+    """The column names of the Delta table at `path`, read from its log with delta-rs; None when there is no table
+    with commits there, or it cannot be read here (ask Spark)."""
+    schema = _logged_schema(path, "columns")
+    return None if schema is None else [f["name"] for f in schema["fields"]]
+
+
+def spark_schema(path: str) -> StructType | None:
+    """The Spark schema of the Delta table at `path` (the `schemaString` Spark's own load parses), read from its
+    log with delta-rs; None when there is no table with commits there, or it cannot be read here (ask Spark)."""
+    from pyspark.sql.types import StructType
+
+    schema = _logged_schema(path, "schema")
+    return None if schema is None else StructType.fromJson(schema)
+
+
+def _logged_schema(path: str, what: str) -> dict | None:
+    """The Delta schema (its JSON, as a dict) of the table at `path` from its log with delta-rs; None when there is
+    no table with commits there, or it cannot be read here (logged, naming `what` was not read)."""
+    import json
+
+    from deltalake import DeltaTable
+
+    if not delta_log.readable(path):
+        return None
+    try:
+        if not delta_log.is_delta_table(path) or not delta_log.has_commits(path):
+            return None
+        uri, options = storage.delta_rs_table_args(path)
+        return json.loads(DeltaTable(uri, storage_options=options).schema().to_json())
+    except Exception as e:  # any reason: Spark's answer is always right
+        log.info("the %s of %s not read from its log (%s); Spark reads them", what, path, error_summary(e))
         return None
 
 
