@@ -211,7 +211,7 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
         gold = gold_path_for(*name) if gold_path_for else paths.gold(*name)
         started = datetime.now(UTC)
         result = _merge_table(spark.newSession(), src, paths, name[0], name[1], end, changes_path, gold, definitions,
-                              files, cfg.spark.conf, silver_schema)
+                              files, cfg.spark.conf, silver_schema=silver_schema)
         return replace(result, started_at=started)
 
     # Tables merge concurrently (each in its own session: invariant 4), at most _MAX_PARALLEL_TABLES at a time so a
@@ -369,8 +369,8 @@ class _Truncate:
 def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, schema: str, table: str,
                  end: Lsn, changes_path: str, gold: str, definitions: TableDefinitions,
                  files: Sequence[SilverFileStats] | None = None,
-                 user_conf: Mapping[str, str] | None = None,
-                 silver_schema: Callable[[], StructType] | None = None) -> TableMergeResult:
+                 user_conf: Mapping[str, str] | None = None, *,
+                 silver_schema: Callable[[], StructType]) -> TableMergeResult:
     from delta.tables import DeltaTable
 
     name = str(TableName(schema, table))
@@ -391,9 +391,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         # not each run Delta's file filtering (a Spark job). Listed by the driver, not by a Spark job (Spark's
         # default: one for 32 paths or more).
         session.conf.set(_LISTING_JOB_THRESHOLD, str(len(direct) + 1))
-        read_as = silver_schema() if silver_schema else None
-        silver = session.read.schema(read_as or session.read.format("delta").load(changes_path).schema) \
-            .parquet(*direct)
+        silver = session.read.schema(silver_schema()).parquet(*direct)
     else:
         silver = session.read.format("delta").load(changes_path)
     batch = silver.where((F.col("schema_name") == schema) & (F.col("table_name") == table)
