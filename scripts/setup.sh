@@ -27,6 +27,28 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
 fi
 # Debian's postgresql package starts a cluster of its own; slotlake never uses it (tests and demo initdb their own).
 
+# The jars resolve (Maven, mostly network) while pip installs .venv (mostly network and unpacking): both at once.
+resolve_jars() {
+  jar_stamp="$(sha256sum jars/pom.xml | cut -c1-16)"
+  if [ "$(cat .jars/.stamp 2>/dev/null)" != "$jar_stamp" ]; then
+    echo "setup: resolving Delta jars from Maven Central into .jars/"
+    rm -rf .jars && mkdir -p .jars
+    mvn -q -B -f jars/pom.xml dependency:copy-dependencies -DoutputDirectory="$root/.jars" -DincludeScope=runtime
+    echo "$jar_stamp" > .jars/.stamp
+  fi
+  # The S3 jars (hadoop-aws and what it needs, jars/s3/pom.xml) in .jars/s3/: Spark loads them only for an s3a lake.
+  s3_stamp="$(sha256sum jars/s3/pom.xml | cut -c1-16)"
+  if [ "$(cat .jars/s3/.stamp 2>/dev/null)" != "$s3_stamp" ]; then
+    echo "setup: resolving the S3 jars (hadoop-aws, AWS SDK bundle) from Maven Central into .jars/s3/"
+    rm -rf .jars/s3 && mkdir -p .jars/s3
+    mvn -q -B -f jars/s3/pom.xml dependency:copy-dependencies -DoutputDirectory="$root/.jars/s3" -DincludeScope=runtime
+    echo "$s3_stamp" > .jars/s3/.stamp
+  fi
+}
+jars_log="$(mktemp)"
+resolve_jars > "$jars_log" 2>&1 &
+jars_pid=$!
+
 stamp_src="$(cat requirements.txt pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.slotlake-stamp 2>/dev/null)" != "$stamp_src" ]; then
   echo "setup: creating .venv with pinned requirements"
@@ -40,21 +62,12 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.slotlake-stamp 2>/dev/null)" != 
   echo "$stamp_src" > .venv/.slotlake-stamp
 fi
 
-jar_stamp="$(sha256sum jars/pom.xml | cut -c1-16)"
-if [ "$(cat .jars/.stamp 2>/dev/null)" != "$jar_stamp" ]; then
-  echo "setup: resolving Delta jars from Maven Central into .jars/"
-  rm -rf .jars && mkdir -p .jars
-  mvn -q -B -f jars/pom.xml dependency:copy-dependencies -DoutputDirectory="$root/.jars" -DincludeScope=runtime
-  echo "$jar_stamp" > .jars/.stamp
+if ! wait "$jars_pid"; then
+  cat "$jars_log" >&2; rm -f "$jars_log"
+  echo "setup: resolving the jars from Maven Central failed (above); check the network to repo.maven.apache.org and rerun" >&2
+  exit 1
 fi
-# The S3 jars (hadoop-aws and what it needs, jars/s3/pom.xml) in .jars/s3/: Spark loads them only for an s3a lake.
-s3_stamp="$(sha256sum jars/s3/pom.xml | cut -c1-16)"
-if [ "$(cat .jars/s3/.stamp 2>/dev/null)" != "$s3_stamp" ]; then
-  echo "setup: resolving the S3 jars (hadoop-aws, AWS SDK bundle) from Maven Central into .jars/s3/"
-  rm -rf .jars/s3 && mkdir -p .jars/s3
-  mvn -q -B -f jars/s3/pom.xml dependency:copy-dependencies -DoutputDirectory="$root/.jars/s3" -DincludeScope=runtime
-  echo "$s3_stamp" > .jars/s3/.stamp
-fi
+cat "$jars_log"; rm -f "$jars_log"
 ls .jars/*.jar .jars/s3/hadoop-aws-*.jar >/dev/null
 # The class-data-sharing archive of the Spark driver JVM (slotlake.spark.cds: ~4 s less per JVM start), built once
 # per Java, pyspark and jar set into .jars/cds/ by a JVM running a small Delta workload (~40 s). Optional: without it
