@@ -863,9 +863,9 @@ def test_last_per_key_path_gives_the_window_paths_gold(spark, tmp_path, monkeypa
     calls: list[int] = []
     real = lineage._last_per_key
 
-    def counted(plan, ch):
+    def counted(plan, ch, *args):
         calls.append(1)
-        return real(plan, ch)
+        return real(plan, ch, *args)
 
     golds = []
     for name, path in (("fast", counted), ("windows", None)):
@@ -904,6 +904,26 @@ def test_change_number_orders_changes_as_their_commit_lsn_and_seq(spark):
     lo, hi = spark.createDataFrame(ids[::-1], "commit_lsn long, seq int").agg(
         F.min(change_number()), F.max(change_number())).collect()[0]
     assert (change_of(lo), change_of(hi)) == ((0, 0), (top_lsn, top_seq))
+
+
+def test_change_number_in_a_long_orders_a_batch_as_the_decimal_does(spark):
+    # `_last_per_key` numbers a batch's changes in a long from the batch's least commit LSN when its LSNs span
+    # less than 2^32: the same order as (commit_lsn, seq) and as the decimal, up to the span's very edge.
+    from slotlake.merge.lineage import change_number, long_base
+
+    base, top_seq = 0x7FFF_0000_0000_0000, (1 << 31) - 1
+    edge = base + (1 << 32) - 1
+    ids = [(base, 0), (base, top_seq), (base + 1, 0), (base + 0x16B3740, 2), (base + 0x16B3740, 10),
+           (edge - 1, top_seq), (edge, 0), (edge, 7), (edge, top_seq)]
+    assert long_base(base, edge) == base
+    assert long_base(base, edge + 1) is None and long_base(None, edge) is None and long_base(edge, base) is None
+    rows = spark.createDataFrame(ids[::-1], "commit_lsn long, seq int").select(
+        "commit_lsn", "seq", change_number(base).alias("n"), change_number().alias("d")).collect()
+    assert [(r["commit_lsn"], r["seq"]) for r in sorted(rows, key=lambda r: r["n"])] == sorted(ids)
+    assert [(r["commit_lsn"], r["seq"]) for r in sorted(rows, key=lambda r: r["d"])] == sorted(ids)
+    assert max(r["n"] for r in rows) == (1 << 63) - 1  # the edge: a long's greatest value, no overflow
+    assert spark.createDataFrame(ids, "commit_lsn long, seq int").select(change_number(base).alias("n")) \
+        .schema["n"].dataType.typeName() == "long"
 
 
 def test_a_batch_runs_interpreted_or_generated_by_its_size_unless_the_config_says(spark, tmp_path, caplog):

@@ -498,7 +498,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
             # (a soft delete's values then come from gold in the MERGE itself, as `__partial` says).
             source_df = lineage.keyed_source(plan, typed, None if trunc or not toast
                                              else DeltaTable.forPath(session, gold).toDF(), toast=toast > 0,
-                                             key_changes=int(checks["moved"]))
+                                             key_changes=int(checks["moved"]), base_lsn=_long_base(groups))
         elif plan.strategy is KeyStrategy.FULL_ROW:
             source_df = lineage.full_row_source(
                 plan, typed, None if trunc else DeltaTable.forPath(session, gold).toDF())
@@ -548,6 +548,12 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
              name, n, end, version, result.rows_inserted, result.rows_updated, result.rows_deleted, quarantined,
              f"; {codegen}" if codegen else "")
     return result
+
+
+def _long_base(groups: Sequence[LayoutGroup]) -> int | None:
+    """`lineage.long_base` of the batch's commit LSNs, from its layout groups' first and last changes."""
+    return lineage.long_base(min((g.lo[0] for g in groups if g.lo is not None), default=None),
+                             max((g.hi[0] for g in groups if g.hi is not None), default=None))
 
 
 def _exact_types(evo: Evolution, layouts: Sequence[Layout], numeric: Callable[[str], str]) -> bool:
