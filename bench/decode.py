@@ -11,9 +11,12 @@ are replicated `--copies` times, one bronze file per copy (every copy starts wit
 new decoding session), and cut into Arrow batches of 10,000 rows (Spark's `maxRecordsPerBatch`). Then, best of
 `--repeat` runs each:
   row     what decode_partition did before BatchDecoder: to_pydict, ChangeStreamDecoder.feed per row, row_of,
-          pa.array per column for batches of 8,192 rows
+          pa.array per column for batches of 8,192 rows; then the commit end LSNs filled as the task fills them
+          today (`CommitEnds`; the row decoder leaves them NULL)
   batch   decode.job.decode_partition (BatchDecoder, batches of at most 8,192 rows)
 Both outputs are checked equal. messages/s = bronze rows / s; changes/s = change rows (I/U/D/T) / s.
+Then `write`: the decode task's other half, `silver_write.write_task` writing the batch output as silver's Parquet
+files into a temporary folder (best of at least 5).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import os
 import pstats
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,9 +39,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pgframes import Capture
+from slotlake.decode.commit_ends import CommitEnds
 from slotlake.decode.decoded import KIND_CHANGE, decoded_schema, row_of, rows_to_batch
 from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder
-from slotlake.decode.job import decode_partition
+from slotlake.decode.job import _ROWS_PER_FILE, decode_partition
+from slotlake.decode.silver_write import write_task
 from slotlake.lsn import Lsn
 from slotlake_dev.localpg import LocalPostgres, pg_bindir
 
@@ -76,7 +82,15 @@ def bronze_batches(frames: pa.Table, copies: int) -> list[pa.RecordBatch]:
 
 
 def by_row(batches: list[pa.RecordBatch]):
-    """The decode_partition of before BatchDecoder, line for line."""
+    """The decode_partition of before BatchDecoder, line for line, then today's commit end fill (`CommitEnds`: the
+    row decoder leaves `commit_end_lsn` NULL; the task fills it in the same pass, for both decoders alike)."""
+    ends = CommitEnds()
+    for batch in _rows_decoded(batches):
+        yield from ends.feed(batch)
+    yield from ends.finish()
+
+
+def _rows_decoded(batches: list[pa.RecordBatch]):
     schema = decoded_schema()
     decoder = ChangeStreamDecoder()
     out: list[tuple] = []
@@ -135,6 +149,18 @@ def main() -> None:
         print(f"{name:>6}: {secs:6.2f}s  {messages / secs:>11,.0f} messages/s  {changes / secs:>11,.0f} changes/s")
     print(f"speed-up: {row_s / batch_s:.1f}x ({changes:,} changes, {batch_table.num_rows:,} decoded rows, "
           f"equal output; load average {os.getloadavg()[0]:.1f})")
+    # The task's other half: the silver Parquet files written from the decoded rows (decode/silver_write.py)
+    decoded = list(by_batch(batches))
+    write_s = float("inf")
+    for _ in range(max(args.repeat, 5)):
+        with tempfile.TemporaryDirectory(prefix="slotlake-bench-silver-") as folder:
+            t = time.perf_counter()
+            files = list(write_task(iter(decoded), decode=lambda b: b, folder=folder, rows_per_file=_ROWS_PER_FILE))
+            write_s = min(write_s, time.perf_counter() - t)
+    nfiles = sum(b.num_rows for b in files)
+    print(f" write: {write_s:6.2f}s  {changes / write_s:>11,.0f} changes/s   silver files of the batch output "
+          f"({nfiles} files; best of {max(args.repeat, 5)}); decode + write {batch_s + write_s:.2f}s = "
+          f"{changes / (batch_s + write_s):,.0f} changes/s per core")
     if args.profile:
         for name, decode in (("row", by_row), ("batch", by_batch)):
             prof = cProfile.Profile()

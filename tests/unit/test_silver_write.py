@@ -77,6 +77,28 @@ def test_each_file_holds_one_table_within_the_limits_with_its_statistics(tmp_pat
     assert sorted(p.name for p in Path(tmp_path).iterdir()) == sorted(f["path"] for f in files)
 
 
+def test_each_tables_changes_keep_their_stream_order_and_only_the_indexed_columns_get_parquet_statistics(tmp_path):
+    rows = _rows(3, 12)
+    # a change of no relation (rel_oid NULL) among them, and one table's changes in a batch of its own
+    rows.insert(5, {**rows[0], "rel_oid": None, "table_name": "none", "lsn": 1})
+    rows += [{**rows[1], "lsn": 5000 + i, "seq": 100 + i} for i in range(4)]
+    out = list(silver_write.write_task(iter(_batches(rows, 9)), decode=lambda b: b, folder=str(tmp_path),
+                                       rows_per_file=1000))
+    written: dict[object, list[int]] = {}
+    for f in pa.Table.from_batches(out).to_pylist():
+        data = pq.read_table(tmp_path / f["path"])
+        (oid,) = set(data.column("rel_oid").to_pylist())
+        written[oid] = data.column("lsn").to_pylist()
+        meta = pq.ParquetFile(tmp_path / f["path"]).metadata.row_group(0)
+        with_stats = {meta.column(i).path_in_schema for i in range(meta.num_columns) if meta.column(i).is_stats_set}
+        assert with_stats == set(silver_write.STATS_COLUMNS)  # the arrays' and values' are never read
+    expected: dict[object, list[int]] = {}
+    for r in rows:
+        if r["kind"] == KIND_CHANGE:
+            expected.setdefault(r["rel_oid"], []).append(r["lsn"])
+    assert written == expected and len(expected) == 4
+
+
 def test_the_commit_adds_the_files_once_with_the_transaction(tmp_path):
     from deltalake import DeltaTable
 

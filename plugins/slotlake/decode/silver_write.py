@@ -39,6 +39,10 @@ DICTIONARY_COLUMNS = ("seq", "rel_oid", "schema_name", "table_name", "op", "repl
 """Silver's columns written dictionary-encoded: the scalars whose values repeat from change to change. The LSNs,
 xid, time stamps, arrays and values are written plain, as Spark's writer ends up writing most of them (pyarrow's
 dictionaries of unique LSNs cost the merge's reads; bench/README.md, "the merge's reads of the tasks' files")."""
+STATS_COLUMNS = [name for name, _ in contracts.SILVER[:contracts.SILVER_STATS_COLUMNS]]
+"""Silver's columns whose Parquet statistics are written (row group min/max and NULLs, which Spark's reader skips
+row groups by): those Delta keeps statistics for. Readers filter only those; the arrays' and values' statistics
+cost the write and are never read."""
 MAX_OPEN_FILES = 64
 """Parquet files a task keeps open; past it the oldest is closed (its table's next changes go to a new file)."""
 
@@ -73,7 +77,7 @@ class _OpenFile:
         self.name = f"part-{uuid.uuid4()}.snappy.parquet"
         self.path = os.path.join(folder, self.name)
         self.writer = pq.ParquetWriter(self.path, schema, compression="snappy",
-                                      use_dictionary=list(DICTIONARY_COLUMNS))
+                                      use_dictionary=list(DICTIONARY_COLUMNS), write_statistics=STATS_COLUMNS)
         self.rows = 0
         self.lo: dict[str, Any] = {}
         self.hi: dict[str, Any] = {}
@@ -125,12 +129,12 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
 
     schema = contracts.arrow_schema(contracts.SILVER)
     names = schema.names
-    open_files: dict[int, _OpenFile] = {}  # insertion order: the oldest is closed first past MAX_OPEN_FILES
-    held: dict[int, list] = {}  # per table, changes not yet written
-    counts: dict[int, int] = {}
+    open_files: dict[int | None, _OpenFile] = {}  # insertion order: the oldest is closed first past MAX_OPEN_FILES
+    held: dict[int | None, list] = {}  # per table, changes not yet written
+    counts: dict[int | None, int] = {}
     done: list[dict[str, Any]] = []
 
-    def flush(oid: int) -> None:
+    def flush(oid: int | None) -> None:
         part = pa.concat_tables(held.pop(oid))
         counts.pop(oid)
         at = 0
@@ -153,13 +157,8 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
             keep = pc.and_(keep, pc.less_equal(out.column("commit_lsn"), upto))
             if after is not None:
                 keep = pc.and_(keep, pc.greater(out.column("commit_end_lsn"), after))
-        changes = pa.Table.from_batches([out]).filter(keep)
-        if not changes.num_rows:
-            continue
-        changes = changes.select(names).cast(schema)
-        oids = changes.column("rel_oid")
-        for oid in pc.unique(oids).to_pylist():
-            part = changes.filter(pc.equal(oids, oid) if oid is not None else pc.is_null(oids))
+        for oid, part in _by_table(pa.Table.from_batches([out]), keep):
+            part = part.select(names).cast(schema)
             held.setdefault(oid, []).append(part)
             counts[oid] = counts.get(oid, 0) + part.num_rows
             if counts[oid] >= ROW_GROUP_ROWS:
@@ -171,6 +170,29 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
         flush(oid)
     done.extend(f.close() for f in open_files.values())
     yield pa.RecordBatch.from_pylist(done, schema=contracts.arrow_schema(FILES))
+
+
+def _by_table(rows: Any, keep: Any) -> Iterator[tuple[int | None, Any]]:
+    """(rel_oid, its rows) per table of the `rows` that `keep` (a boolean mask) selects, each table's rows in their
+    order: one take of the kept rows ordered by table (a stable sort), then slices of it; not a filter and then a
+    filter per table (each a pass over every column, the arrays and values included)."""
+    import pyarrow.compute as pc
+
+    kept = pc.indices_nonzero(keep)
+    if not len(kept):
+        return
+    oids = rows.column("rel_oid").take(kept)
+    first = oids[0].as_py()
+    if first is not None and oids.null_count == 0 and pc.all(pc.equal(oids, first)).as_py():
+        yield first, rows.take(kept)  # one table: no sort
+        return
+    order = pc.sort_indices(oids)  # stable; NULLs last
+    ordered = rows.take(kept.take(order))
+    runs = pc.run_end_encode(oids.take(order).combine_chunks())
+    at = 0
+    for oid, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist()):
+        yield oid, ordered.slice(at, end - at)
+        at = end
 
 
 def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str | None, version: int | None,
