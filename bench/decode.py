@@ -8,15 +8,16 @@ Starts a throw-away LocalPostgres, `pgbench -i` (pgbench_history gets REPLICA ID
 a publication and a slot, then `pgbench -n -c 1 -t TXNS` (each transaction = 3 UPDATEs + 1 INSERT = 4 row changes +
 Begin + Commit + the Relation messages of the session) and peeks the frames with the extract's options. The frames
 are replicated `--copies` times, one bronze file per copy (every copy starts with its Relation messages, like a
-new decoding session), and cut into Arrow batches of 10,000 rows (Spark's `maxRecordsPerBatch`). Then, best of
-`--repeat` runs each:
+new decoding session), and cut into Arrow batches of `--batch-rows` rows (default: what a decode task reads,
+`_BRONZE_BATCH_ROWS`). Then, best of `--repeat` runs each:
   row     what decode_partition did before BatchDecoder: to_pydict, ChangeStreamDecoder.feed per row, row_of,
           pa.array per column for batches of 8,192 rows; then the commit end LSNs filled as the task fills them
           today (`CommitEnds`; the row decoder leaves them NULL)
   batch   decode.job.decode_partition (BatchDecoder, batches of at most 8,192 rows)
 Both outputs are checked equal. messages/s = bronze rows / s; changes/s = change rows (I/U/D/T) / s.
 Then `write`: the decode task's other half, `silver_write.write_task` writing the batch output as silver's Parquet
-files into a temporary folder (best of at least 5).
+files into a temporary folder (best of at least 5); `task`: the whole decode task as the job runs it (the copies
+written as bronze Parquet files, read in batches of `--batch-rows`, decoded, written as silver), its CPU time.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,17 +39,18 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pgframes import Capture
+from slotlake import contracts
 from slotlake.decode.commit_ends import CommitEnds
 from slotlake.decode.decoded import KIND_CHANGE, decoded_schema, row_of, rows_to_batch
 from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder
-from slotlake.decode.job import _ROWS_PER_FILE, decode_partition
+from slotlake.decode.job import _BRONZE_BATCH_ROWS, _ROWS_PER_FILE, _read_bronze_files, decode_partition
 from slotlake.decode.silver_write import write_task
 from slotlake.lsn import Lsn
 from slotlake_dev.localpg import LocalPostgres, pg_bindir
 
-IN_BATCH_ROWS = 10_000  # spark.sql.execution.arrow.maxRecordsPerBatch
 OUT_BATCH_ROWS = 8192
 
 
@@ -76,9 +79,9 @@ def capture(txns: int) -> pa.Table:
     })
 
 
-def bronze_batches(frames: pa.Table, copies: int) -> list[pa.RecordBatch]:
+def bronze_batches(frames: pa.Table, copies: int, batch_rows: int) -> list[pa.RecordBatch]:
     files = [frames.append_column("file", pa.array([f"{k:06d}.parquet"] * frames.num_rows)) for k in range(copies)]
-    return pa.concat_tables(files).combine_chunks().to_batches(max_chunksize=IN_BATCH_ROWS)
+    return pa.concat_tables(files).combine_chunks().to_batches(max_chunksize=batch_rows)
 
 
 def by_row(batches: list[pa.RecordBatch]):
@@ -128,6 +131,8 @@ def main() -> None:
     ap.add_argument("--txns", type=int, default=10_000, help="pgbench -t (tpcb-like transactions captured)")
     ap.add_argument("--copies", type=int, default=10, help="bronze files made of the captured frames")
     ap.add_argument("--repeat", type=int, default=3, help="runs per decoder (the best is reported)")
+    ap.add_argument("--batch-rows", type=int, default=_BRONZE_BATCH_ROWS,
+                    help=f"bronze rows per Arrow batch, as a decode task reads them (default {_BRONZE_BATCH_ROWS:,})")
     ap.add_argument("--profile", action="store_true", help="print a cProfile of each decoder")
     args = ap.parse_args()
 
@@ -135,7 +140,7 @@ def main() -> None:
     frames = capture(args.txns)
     print(f"captured {frames.num_rows:,} frames of {args.txns:,} pgbench transactions in "
           f"{time.perf_counter() - t:.1f}s", flush=True)
-    batches = bronze_batches(frames, args.copies)
+    batches = bronze_batches(frames, args.copies, args.batch_rows)
     messages = sum(b.num_rows for b in batches)
     mb = sum(b.column("data").nbytes for b in batches) / 1e6
     print(f"bronze: {messages:,} messages ({mb:.1f} MB) in {args.copies} files, {len(batches)} batches; "
@@ -161,6 +166,23 @@ def main() -> None:
     print(f" write: {write_s:6.2f}s  {changes / write_s:>11,.0f} changes/s   silver files of the batch output "
           f"({nfiles} files; best of {max(args.repeat, 5)}); decode + write {batch_s + write_s:.2f}s = "
           f"{changes / (batch_s + write_s):,.0f} changes/s per core")
+    # The whole task as the decode job runs it: bronze Parquet files (row groups of the extract's 65,536 rows) read
+    # in batches of --batch-rows, decoded and written as silver files (`decode.job._read_bronze_files`), CPU seconds
+    task_s = float("inf")
+    with tempfile.TemporaryDirectory(prefix="slotlake-bench-bronze-") as bronze:
+        paths = []
+        for k in range(args.copies):
+            paths.append(os.path.join(bronze, f"{k:06d}.parquet"))
+            pq.write_table(frames.cast(contracts.arrow_schema(contracts.BRONZE)), paths[-1], row_group_size=65_536)
+        ids = pa.RecordBatch.from_pydict({"id": pa.array(range(len(paths)), pa.int64())})
+        for _ in range(max(args.repeat, 5)):
+            with tempfile.TemporaryDirectory(prefix="slotlake-bench-silver-") as folder:
+                task = partial(write_task, folder=folder, rows_per_file=_ROWS_PER_FILE, decode=decode_partition)
+                t = time.process_time()
+                list(_read_bronze_files(iter([ids]), paths=paths, task=task, batch_rows=args.batch_rows))
+                task_s = min(task_s, time.process_time() - t)
+    print(f"  task: {task_s:6.2f}s  {changes / task_s:>11,.0f} changes/s   CPU time of the decode task over the "
+          f"{args.copies} bronze files (read, decode, write; batches of {args.batch_rows:,} rows)")
     if args.profile:
         for name, decode in (("row", by_row), ("batch", by_batch)):
             prof = cProfile.Profile()
