@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 
 from pgframes import Capture
 from slotlake import contracts
+from slotlake.config import ExtractSettings
 from slotlake.decode.commit_ends import CommitEnds
 from slotlake.decode.decoded import KIND_CHANGE, decoded_schema, row_of, rows_to_batch
 from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder
@@ -166,14 +167,15 @@ def main() -> None:
     print(f" write: {write_s:6.2f}s  {changes / write_s:>11,.0f} changes/s   silver files of the batch output "
           f"({nfiles} files; best of {max(args.repeat, 5)}); decode + write {batch_s + write_s:.2f}s = "
           f"{changes / (batch_s + write_s):,.0f} changes/s per core")
-    # The whole task as the decode job runs it: bronze Parquet files (row groups of the extract's 65,536 rows) read
+    # The whole task as the decode job runs it: bronze Parquet files (row groups of the extract's batch_rows) read
     # in batches of --batch-rows, decoded and written as silver files (`decode.job._read_bronze_files`), CPU seconds
     task_s = float("inf")
     with tempfile.TemporaryDirectory(prefix="slotlake-bench-bronze-") as bronze:
         paths = []
         for k in range(args.copies):
             paths.append(os.path.join(bronze, f"{k:06d}.parquet"))
-            pq.write_table(frames.cast(contracts.arrow_schema(contracts.BRONZE)), paths[-1], row_group_size=65_536)
+            pq.write_table(frames.cast(contracts.arrow_schema(contracts.BRONZE)), paths[-1],
+                           row_group_size=ExtractSettings().batch_rows)
         ids = pa.RecordBatch.from_pydict({"id": pa.array(range(len(paths)), pa.int64())})
         for _ in range(max(args.repeat, 5)):
             with tempfile.TemporaryDirectory(prefix="slotlake-bench-silver-") as folder:
