@@ -637,3 +637,96 @@ def test_a_small_batch_is_decoded_in_the_driver_a_big_one_by_a_task_per_file_ali
     assert len(driver) == 23 and driver == tasks
     assert {r["op"] for r in driver} == {"I", "U", "D", "T"}
     assert sum(1 for r in driver if r["table_name"] == "a" and r["op"] == "U" and r["unchanged"]) == 4  # TOAST
+
+
+def test_bronze_files_in_pieces_decode_as_whole_files(spark, pg_db, tmp_path, monkeypatch):
+    """A local lake's decode splits its bronze files into pieces for its tasks (`BronzePiece`: from a Begin at or
+    after a row group's first row to the next piece's). The pieces hold each row once, in order, each a whole
+    number of transactions, and a piece after the first resumes with the Relation frames before it (here one
+    re-sent after an ALTER in the middle of the file): the silver rows equal the whole file's, decoded in the
+    driver, read alike by Spark and delta-rs. Row groups of 3 rows, so transactions straddle them, and one
+    transaction spans several (pieces with no Begin of their own are empty)."""
+
+    import deltalake
+    import pyarrow.parquet as pq
+
+    import slotlake.decode.job as decode_job
+    from slotlake.decode.frames import BronzeRow
+    from slotlake.decode.messages import Relation
+
+    cfg_of = {name: parse_config({"lake": str(tmp_path / name), "sources": {"shop": {"dsn": pg_db}}})
+              for name in ("whole", "pieces")}
+    paths = {name: LakePaths.of(c.lake, "shop") for name, c in cfg_of.items()}
+    cap = Capture(pg_db)
+    try:
+        cap.execute("CREATE TABLE a (id int PRIMARY KEY, v text, big text)")
+        cap.execute("ALTER TABLE a ALTER big SET STORAGE EXTERNAL")
+        cap.execute("CREATE TABLE d (k int, v text)")
+        cap.execute("ALTER TABLE d REPLICA IDENTITY FULL")
+        cap.transaction(f"INSERT INTO a SELECT g, 'x', '{BIG}' FROM generate_series(1, 12) g",
+                        "INSERT INTO d VALUES (1, 'p'), (1, 'p'), (2, 'q')")
+        for i in range(1, 7):
+            cap.transaction(f"UPDATE a SET v = 'u{i}' WHERE id = {i}")
+        cap.execute("ALTER TABLE a ADD COLUMN n int DEFAULT 7")
+        cap.transaction("UPDATE a SET n = id WHERE id <= 3")
+        cap.transaction("INSERT INTO d SELECT g, 'z' FROM generate_series(1, 30) g")  # spans 10 row groups
+        cap.transaction("TRUNCATE d", "INSERT INTO d VALUES (3, 'r')", "DELETE FROM a WHERE id = 12")
+        for i in range(4, 9):
+            cap.transaction(f"UPDATE a SET n = {i * 10}, v = 'w' WHERE id = {i}", "DELETE FROM d WHERE k = 3"
+                            if i == 8 else "UPDATE d SET v = 's' WHERE k = 3")
+        frames = cap.peek()
+        files = {name: write_bronze(frames, Path(p.bronze), Lsn.parse(cap.start_lsn).value, cap.slot,
+                                    row_group_size=3) for name, p in paths.items()}
+        cap.advance(str(decode_message(frames[-1].data).end_lsn))
+    finally:
+        cap.close()
+
+    # The pieces of one row group each: every row once, in order; each piece after the first starts at a Begin
+    # and resumes with the Relation frames before it.
+    path = str(files["pieces"])
+    groups = pq.ParquetFile(path).metadata.num_row_groups
+    assert groups == -(-len(frames) // 3)
+    seen, empty, resumed = [], 0, []
+    columns = ["lsn", "xid", "data", "ord"]
+    with pq.ParquetFile(path) as f:
+        for g in range(groups):
+            out = list(decode_job._piece_batches(f, decode_job.BronzePiece(path, g, g + 1, groups), "x", 2, columns))
+            rows = [r for b in out if not isinstance(b, decode_job.Resume) for r in b.column("ord").to_pylist()]
+            resumes = [b for b in out if isinstance(b, decode_job.Resume)]
+            assert len(resumes) == (1 if g and rows else 0)
+            if rows and g:
+                assert frames[rows[0]].data[:1] == b"B"
+                resumed.append(resumes[0].earlier)
+            empty += not rows
+            seen += rows
+    assert seen == list(range(len(frames)))
+    assert empty >= 5  # inside the 30-row transaction
+    last_a = [max((r for r in earlier if isinstance(r, BronzeRow) and r.data[:1] == b"R"
+                   and decode_message(r.data).name == "a"), key=lambda r: r.ord, default=None) for earlier in resumed]
+    defs = [decode_message(r.data) for r in last_a if r is not None]
+    assert all(isinstance(m, Relation) for m in defs)
+    assert {len(m.columns) for m in defs} == {3, 4}  # before and after the ALTER
+
+    made = []
+    pieces = decode_job._pieces
+    monkeypatch.setattr(decode_job, "_pieces", lambda *a: made.append(pieces(*a)) or made[-1])
+    assert run_decode(spark, cfg_of["whole"], "shop").changes_written > 0
+    assert made == []  # a small batch: in the driver, whole files
+    monkeypatch.setattr(decode_job, "IN_DRIVER_BRONZE_BYTES", 0)
+    monkeypatch.setattr(decode_job, "_PIECES_PER_CORE", 10_000)  # one row group per piece
+    n = run_decode(spark, cfg_of["pieces"], "shop").changes_written
+    assert len(made) == 1 and len(made[0]) == groups
+
+    def rows_of(p: LakePaths) -> list[dict]:
+        by_spark = [r.asDict(recursive=True) for r in silver_rows(spark, p.changes)]
+        by_rs = sorted(deltalake.DeltaTable(p.changes).to_pyarrow_table().to_pylist(),
+                       key=lambda r: (r["commit_lsn"], r["seq"]))
+        assert [{k: r[k] for k in SILVER_COLUMNS if k != "commit_ts"} for r in by_rs] == [
+            {k: r[k] for k in SILVER_COLUMNS if k != "commit_ts"} for r in by_spark]
+        return by_spark
+
+    whole, split = rows_of(paths["whole"]), rows_of(paths["pieces"])
+    assert n == len(whole) == len(split) == 12 + 3 + 6 + 3 + 30 + 1 + 1 + 1 + 10
+    assert split == whole
+    assert {r["op"] for r in whole} == {"I", "U", "D", "T"}
+    assert [len(r["columns"]) for r in whole if r["table_name"] == "a" and r["op"] == "U"] == [3] * 6 + [4] * 8
