@@ -15,7 +15,7 @@ the baseline: `COPY (SELECT ... pg_logical_slot_peek_binary_changes ...) TO STDO
                         another process)
   decode, merge         one Spark app that decodes then merges, as `slotlake sync` runs them (the timed sync is
                         `slotlake sync`'s own function in a spawned child): a spark-submit started once the
-                        extract's first rows have come (its JVM start overlaps the extract; what is left of
+                        extract has archived its first file (its JVM start overlaps the extract; what is left of
                         it after the extract is counted in the decode; the app prints its merge's own time);
                         with --server, in a `slotlake spark-server` started once before the first sync (config
                         spark.server); with --auto-server, `spark.server: auto`: the first sync (the initial

@@ -125,16 +125,16 @@ def task_preflight(cfg: Config, source_name: str) -> dict[str, Any]:
     return plain(report)
 
 
-def task_extract(cfg: Config, source_name: str, on_first_rows=None) -> dict[str, Any]:
+def task_extract(cfg: Config, source_name: str, on_first_file=None) -> dict[str, Any]:
     """Archive the slot's changes into bronze and advance the slot. Returns what the report needs.
-    `on_first_rows()`: run once the extract's first rows have come (the CLI's sync starts its Spark app then)."""
+    `on_first_file()`: run once the first file is archived (the CLI's sync starts its Spark app then)."""
     from slotlake.source.extract import extract
     from slotlake.source.lock import source_lock
 
     with source_lock(cfg.source(source_name), "extract"):
         before = lake_versions(cfg, source_name)
         started = time.time()
-        result = extract(cfg, cfg.source(source_name), on_first_rows=on_first_rows)
+        result = extract(cfg, cfg.source(source_name), on_first_file=on_first_file)
     out = plain(result)
     out["files"] = len(result.files)  # the names can be many; XCom keeps small values
     out["lake_versions"] = before
@@ -274,11 +274,11 @@ def sync(cfg: Config, source_name: str) -> SyncReport:
         t = time.monotonic()
         task_preflight(cfg, source_name)
         steps["preflight"] = time.monotonic() - t
-        # With spark-submit, the app's JVM starts once the extract's first rows have come, and waits for it
+        # With spark-submit, the app's JVM starts once the extract has archived a file, and waits for it
         # (slotlake.spark.early); a Spark server is warm already.
         with EarlySyncApp(lambda: spark_app(cfg, source_name, "sync")) as early:
             t = time.monotonic()
-            extracted = task_extract(cfg, source_name, on_first_rows=None if cfg.spark.server else early.start)
+            extracted = task_extract(cfg, source_name, on_first_file=None if cfg.spark.server else early.start)
             steps["extract"] = time.monotonic() - t
             pending = pending_of(extracted)
             log.info("sync %s: %s", source_name, pending.describe())

@@ -1,4 +1,4 @@
-"""`slotlake sync` with spark-submit starts its Spark app once the extract's first rows have come
+"""`slotlake sync` with spark-submit starts its Spark app once the extract has archived its first file
 (slotlake.spark.early): the app's JVM starts while the extract still runs, waits for the extract's end, and then
 decodes and merges exactly what a later start would have. When the extract fails after that start, the app is told
 to stop, does nothing and leaves no process; the next sync brings gold to PostgreSQL. These runs use no Spark
@@ -75,15 +75,14 @@ def test_the_app_starts_during_the_extract_and_a_failed_extract_stops_it(pg_db, 
     paths = LakePaths.of(str(tmp_path / "lake"), SOURCE)
     sync_ok(cfg, SOURCE)  # slot and initial copy, through the suite's warm server (not what this is about)
 
-    # 1. a backlog of several files: the app is submitted with the first rows, before the extract ends
+    # 1. a backlog of several files: the app is submitted after the first one, before the extract ends
     write_some(pg_db, 0, 60)
     out = spark_submit_sync(cfg)
     assert out.returncode == 0, out.stderr[-4000:]
     log = out.stderr
     assert launched_apps(log) == ["sync"], log[-3000:]  # one app, not a second one after the extract
     submitted = log.index("submitting slotlake-sync-shop")
-    # submitted once the first call's rows came, before its file was placed (its log line follows), while the
-    # extract went on
+    # submitted once the first call's file was placed (its log line follows), while the extract went on
     assert submitted < log.index("extract shop: call 1:") < log.index("extract shop: call 2:"), log[-3000:]
     assert log.index("extract shop: call 2:") < log.index("sync shop: decode and merge due"), log[-3000:]
     report = json.loads(out.stdout)

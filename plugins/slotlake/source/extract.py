@@ -225,10 +225,8 @@ class _Prefetch:
         self._thread.join()
 
 
-def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, batch_rows: int,
-                on_rows: Callable[[], None] | None = None) -> _Call:
-    """Stream one peek call into a Parquet file at `path`, in row groups of `batch_rows`; returns what was seen.
-    `on_rows()` runs once the first rows have come."""
+def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, batch_rows: int) -> _Call:
+    """Stream one peek call into a Parquet file at `path`, in row groups of `batch_rows`; returns what was seen."""
     call = _Call()
     frames = FrameScan()  # the footer's frame summary, so the decode need not aggregate the frames in Spark
     writer: pq.ParquetWriter | None = None
@@ -251,9 +249,6 @@ def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, b
             pending.append(pa.RecordBatch.from_arrays(
                 [batch.column("lsn"), batch.column("xid"), batch.column("data"), ord_], schema=SCHEMA))
             pending_rows += batch.num_rows
-            if on_rows is not None:
-                on_rows()
-                on_rows = None
             if pending_rows >= batch_rows:
                 if writer is None:
                     writer = _parquet_writer(path)
@@ -287,11 +282,10 @@ def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, b
 
 
 def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None,
-            on_first_rows: Callable[[], None] | None = None) -> ExtractResult:
+            on_first_file: Callable[[], None] | None = None) -> ExtractResult:
     """Archive the slot's changes up to `upto_lsn` (default: the WAL flush position now) into bronze.
-    `on_first_rows()` runs once, when the first peek call's first rows have come: from then on the extract either
-    archives a file or fails (the sync starts its Spark app then, `slotlake.spark.early`, and tells it to stop if
-    the extract fails; an exception in it is logged and the extract goes on).
+    `on_first_file()` runs once, when the first file is placed and the slot advanced past it (the sync starts its
+    Spark app then, `slotlake.spark.early`; an exception in it is logged and the extract goes on).
 
     Guarantees: every file placed holds whole transactions; the slot is advanced only after the file holding
     them is durable; a run after a crash between placing and advancing archives nothing twice.
@@ -327,18 +321,6 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None,
         # An insert-only publication created after the slot is named only from where it can be decoded.
         since = (publication_start(root, source.slot, source.insert_only_publication)
                  if source.insert_only else None)
-        first_rows: Callable[[], None] | None = None
-        if on_first_rows is not None:
-            hook = on_first_rows
-
-            def first_rows() -> None:
-                nonlocal first_rows
-                first_rows = None  # once per extract
-                try:
-                    hook()
-                except Exception as e:  # noqa: BLE001  (the caller's business: the extract goes on)
-                    log.warning("extract %s: after the first rows: %s", source.name, e)
-
         with connect_bulk(source) as bulk:
             while position < upto and calls < settings.max_calls:
                 calls += 1
@@ -350,8 +332,7 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None,
                 tmp = bronze.tmp_path(root, position)
                 try:
                     call = _write_call(bulk, _peek_query(conn, source, stop, settings.upto_nchanges, publications),
-                                       str(tmp), source, position, settings.batch_rows,
-                                       on_rows=first_rows)
+                                       str(tmp), source, position, settings.batch_rows)
                 except Exception as e:
                     tmp.unlink(missing_ok=True)  # never placed, so nothing was archived
                     raise ExtractError(f"extract {source.name}: peek on slot {source.slot} failed at {position}: "
@@ -398,6 +379,11 @@ def extract(cfg: Config, source: SourceConfig, *, upto_lsn: Lsn | None = None,
                     raise ExtractError(f"extract {source.name}: slot {source.slot} advanced only to {position}, "
                                        f"not {end}; the next run resumes from bronze")
                 files.append(placed.path)
+                if on_first_file is not None and len(files) == 1:
+                    try:
+                        on_first_file()
+                    except Exception as e:  # noqa: BLE001  (the caller's business: the extract goes on)
+                        log.warning("extract %s: after the first file: %s", source.name, e)
                 if len(files) == failpoints.count(failpoints.EXTRACT_AFTER_FILES):
                     raise ExtractError(f"failpoint {failpoints.EXTRACT_AFTER_FILES}{len(files)}: stopped after "
                                        f"{len(files)} files, the slot advanced past them (test-only)")

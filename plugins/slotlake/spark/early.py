@@ -3,8 +3,7 @@
 `slotlake sync` with spark-submit (no `spark.server`) runs one app, `sync` (decode, then merge), after the extract.
 Its JVM start, the loading of Spark's and Delta's classes and its first Spark job take seconds of the run; the
 extract of a large backlog takes as long or longer and keeps only one core busy on the Python side. So once the
-extract's first rows have come (from then on it archives a file or fails: the decode is due unless it fails),
-`EarlySyncApp.start` submits the app with
+extract has archived its first file (the decode is certain to be due), `EarlySyncApp.start` submits the app with
 `--wait-for FILE --caller-pid PID`: it starts its SparkSession, runs one small job and waits. After the extract:
 
     go    the decode and merge are due: the app runs them (`EarlySyncApp.run` waits for its end)
