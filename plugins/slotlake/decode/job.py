@@ -13,8 +13,8 @@
 
 Each bronze file is decoded in order by one task (files in parallel; on a local lake a task takes a piece of a
 file, `BronzePiece`), once: inside the silver write, nothing cached. The catalog is written before the silver
-commit: the silver commit is the watermark, so a crash in between re-decodes the files, and both writes are
-idempotent (Delta `txnAppId`/`txnVersion` and catalog versioning that skips known definitions).
+commit: the silver commit is the watermark, so a crash in between re-decodes the files, and both writes are idempotent (Delta `txnAppId`/`txnVersion` and catalog versioning that
+skips known definitions).
 """
 from __future__ import annotations
 
