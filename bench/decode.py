@@ -47,7 +47,7 @@ from slotlake.config import ExtractSettings
 from slotlake.decode.commit_ends import CommitEnds
 from slotlake.decode.decoded import KIND_CHANGE, decoded_schema, row_of, rows_to_batch
 from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder
-from slotlake.decode.job import _BRONZE_BATCH_ROWS, _ROWS_PER_FILE, BronzePiece, _read_bronze_files, decode_partition
+from slotlake.decode.job import _BRONZE_BATCH_ROWS, _ROWS_PER_FILE, _read_bronze_files, decode_partition
 from slotlake.decode.silver_write import write_task
 from slotlake.lsn import Lsn
 from slotlake_dev.localpg import LocalPostgres, pg_bindir
@@ -181,8 +181,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="slotlake-bench-silver-") as folder:
                 task = partial(write_task, folder=folder, rows_per_file=_ROWS_PER_FILE, decode=decode_partition)
                 t = time.process_time()
-                list(_read_bronze_files(iter([ids]), pieces=[BronzePiece(p, 0, -1, -1) for p in paths], task=task,
-                                        batch_rows=args.batch_rows))
+                list(_read_bronze_files(iter([ids]), paths=paths, task=task, batch_rows=args.batch_rows))
                 task_s = min(task_s, time.process_time() - t)
     print(f"  task: {task_s:6.2f}s  {changes / task_s:>11,.0f} changes/s   CPU time of the decode task over the "
           f"{args.copies} bronze files (read, decode, write; batches of {args.batch_rows:,} rows)")

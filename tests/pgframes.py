@@ -63,10 +63,8 @@ class Capture:
         self.conn.close()
 
 
-def write_bronze(frames: list[Frame], bronze_dir: Path, start_lsn: int, slot: str,
-                 row_group_size: int | None = None) -> Path:
-    """Write one bronze file by the contract (docs/internals.md "Bronze") from whole transactions of `frames`
-    (in row groups of `row_group_size` rows, else pyarrow's default)."""
+def write_bronze(frames: list[Frame], bronze_dir: Path, start_lsn: int, slot: str) -> Path:
+    """Write one bronze file by the contract (docs/internals.md "Bronze") from whole transactions of `frames`."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -89,5 +87,5 @@ def write_bronze(frames: list[Frame], bronze_dir: Path, start_lsn: int, slot: st
         META_START: str(Lsn(start_lsn)), META_END: str(end), META_SLOT: slot, META_ROWS: str(len(frames))})
     bronze_dir.mkdir(parents=True, exist_ok=True)
     path = bronze_dir / bronze_name(Lsn(start_lsn), end)
-    pq.write_table(table, path, row_group_size=row_group_size)
+    pq.write_table(table, path)
     return path

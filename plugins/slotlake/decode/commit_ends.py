@@ -2,9 +2,8 @@
 
 Silver selects changes after a watermark by `commit_end_lsn` (docs/internals.md "Silver changes"), but a change
 comes before its transaction's Commit in the stream, so the decoder cannot know it when it emits the row. A bronze
-file (or a piece of one, `decode.job.BronzePiece`) holds whole transactions and is decoded in order by one task,
-so the task holds each transaction's decoded rows until its Commit row and writes the end LSN into them: no join of
-the changes with the commits afterwards
+file holds whole transactions and is decoded in order by one task, so the task holds each transaction's decoded
+rows until its Commit row and writes the end LSN into them: no join of the changes with the commits afterwards
 (a shuffle of every change). A transaction bigger than `max_held_rows` is let through as it comes (memory stays
 bounded), its rows filled from `known_ends`: the end LSNs the decode job read beforehand from the Commit frames of
 the transactions big enough to need them (`decode.job`). A row that would leave without its end is an error.

@@ -196,22 +196,6 @@ class ChangeStreamDecoder:
         else:  # pragma: no cover - decode_message returns only the kinds above
             raise self._error(row, f"unexpected message {kind.__name__}")
 
-    def resume(self, file: str, earlier: Iterable[BronzeRow]) -> None:
-        """Start inside `file`, at a Begin: its decoding session so far left the relations its Relation frames
-        before that row define (`earlier`: those frames, in file order; other frames are ignored). A task that
-        decodes a piece of a file (decode/job.py `BronzePiece`) starts so; what it decodes is what a decoder fed
-        the whole file would give for those rows."""
-        if self._begin is not None:
-            raise DecodeError(f"bronze file {self._file}: a piece of {file} starts inside transaction "
-                              f"{self._begin.xid}; pieces start at a Begin: report it with the files")
-        self._file = file
-        self._relations = {}
-        for row in earlier:
-            msg = decode_message(row.data, row.lsn)
-            if type(msg) is Relation:
-                self._relations[msg.oid] = msg
-                self._emitted[msg.oid] = msg
-
     def finish(self, last: BronzeRow | None) -> None:
         """Call after the last row: a stream may not end inside a transaction."""
         if self._begin is not None and last is not None:

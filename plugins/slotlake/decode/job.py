@@ -11,9 +11,9 @@
     bronze/catalog/*.json (bootstrap read at slot creation) ──▶ catalog versioning
     decode_range (a replay's re-decode): the same tasks keep an LSN window's changes, one overwrite commit
 
-Each bronze file is decoded in order by one task (files in parallel; on a local lake a task takes a piece of a
-file, `BronzePiece`), once: inside the silver write, nothing cached. The catalog is written before the silver
-commit: the silver commit is the watermark, so a crash in between re-decodes the files, and both writes are idempotent (Delta `txnAppId`/`txnVersion` and catalog versioning that
+Each bronze file is decoded in order by one task (files in parallel), once: inside the silver write, nothing
+cached. The catalog is written before the silver commit: the silver commit is the watermark, so a crash in between
+re-decodes the files, and both writes are idempotent (Delta `txnAppId`/`txnVersion` and catalog versioning that
 skips known definitions).
 """
 from __future__ import annotations
@@ -26,7 +26,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache, partial
-from typing import Any
 
 from slotlake import bronze as bronze_files
 from slotlake import contracts, delta_log, failpoints, storage
@@ -48,7 +47,6 @@ from slotlake.decode.decoded import (
     KIND_RELATION,
     KIND_TYPE,
 )
-from slotlake.decode.frames import BronzeRow
 from slotlake.decode.messages import Column, Commit, Relation
 from slotlake.decode.pgoutput import decode_message
 from slotlake.decode.relations import relation_definition
@@ -92,13 +90,9 @@ def decode_partition(batches: Iterator, known_ends: Mapping[int, int] | None = N
                      max_held_rows: int = MAX_HELD_ROWS) -> Iterator:
     """mapInArrow function: bronze rows of whole files, each file in `ord` order, in; decoded rows out, in bounded
     batches, each row with its transaction's commit end LSN (`CommitEnds`; `known_ends`: those of the transactions
-    that may be too big to hold, `BronzeSummary.big_ends`). A `Resume` among the batches starts a piece of a file
-    (`BronzePiece`): the rows after it begin at one of the file's Begin frames."""
+    that may be too big to hold, `BronzeSummary.big_ends`)."""
     order, decoder, ends = InFileOrder(), BatchDecoder(), CommitEnds(max_held_rows, known_ends)
     for batch in batches:
-        if isinstance(batch, Resume):  # a piece of a file starts (`BronzePiece`)
-            decoder.resume(batch.file, batch.earlier)
-            continue
         order.check(batch)
         for out in decoder.feed(batch):
             for filled in ends.feed(out):
@@ -398,75 +392,18 @@ def _write_silver_directly(spark, files: list[BronzeFile], summary: BronzeSummar
     return sum(int(f["rows"]) for f in written)
 
 
-@dataclass(frozen=True)
-class Resume:
-    """In a decode task's stream of bronze batches: a piece of `file` starts here, after the Relation frames
-    `earlier` (the file's, before the piece's first row)."""
-
-    file: str
-    earlier: tuple
-
-
-@dataclass(frozen=True)
-class BronzePiece:
-    """The part of a bronze file one decode task takes: the rows from the first Begin frame at or after the first
-    row of row group `first` (the file's first row when `first` is 0) up to the first Begin at or after the first
-    row of row group `end` (the file's end when `end` is `groups`, its row-group count). So a piece holds whole
-    transactions, and the pieces of a file, `first` to `end` one after the other, hold each of its rows once.
-    A piece after the first also reads the Relation frames before its first row: its decoding session's
-    relations (a bronze file is one session: pgoutput sends a Relation once, before the first change of it)."""
-
-    path: str
-    first: int
-    end: int
-    groups: int
-
-
-def plan_pieces(groups: list[int], tasks: int) -> list[tuple[int, int, int]]:
-    """(file index, first, end) row-group ranges splitting files of `groups` row groups each into about `tasks`
-    pieces of about equal row groups (whole files when there are as many files as that), file by file."""
-    per = max(1, -(-sum(groups) // max(1, tasks)))
-    out = []
-    for i, g in enumerate(groups):
-        n = max(1, -(-g // per))
-        bounds = [round(j * g / n) for j in range(n + 1)]
-        out += [(i, a, b) for a, b in zip(bounds, bounds[1:])]
-    return out
-
-
-_PIECES_PER_CORE = 2
-"""A local lake's decode splits its bronze files into about this many pieces per core (whole files when there are
-as many files): one file, a burst's usual batch, kept one core idle for the whole decode (bench/README.md,
-"Bronze files in pieces")."""
-
-
-def _pieces(spark, files: list[BronzeFile]) -> list[BronzePiece]:
-    import pyarrow.parquet as pq
-
-    paths = [str(storage.local_path(f.path)) for f in files]
-    groups = []
-    for p in paths:
-        with pq.ParquetFile(p) as f:
-            groups.append(f.metadata.num_row_groups)
-    tasks = _PIECES_PER_CORE * max(1, int(spark.sparkContext.defaultParallelism))
-    return [BronzePiece(paths[i], a, b, groups[i]) for i, a, b in plan_pieces(groups, tasks)]
-
-
 def _write_files(spark, files: list[BronzeFile], summary: BronzeSummary, held: int, changes_path: str,
                  window: tuple[int | None, int] | None = None) -> list[dict]:
     """The decode's tasks write the changes of the local bronze `files` (within `window`, see
     `silver_write.write_task`) as Parquet files into the folder of the local Delta table `changes_path`; their
-    descriptions, not committed. A task per piece of a file (`BronzePiece`), which reads it itself
-    (`_read_bronze_files`)."""
+    descriptions, not committed. A task per file, which reads it itself (`_read_bronze_files`)."""
     folder = storage.local_path(changes_path)
     folder.mkdir(parents=True, exist_ok=True)
     task = partial(silver_write.write_task, folder=str(folder), rows_per_file=_ROWS_PER_FILE, window=window,
                    decode=partial(decode_partition, known_ends=summary.big_ends, max_held_rows=held))
-    in_driver = _in_driver(files)
-    paths = [str(storage.local_path(f.path)) for f in files]
-    pieces = [BronzePiece(p, 0, -1, -1) for p in paths] if in_driver else _pieces(spark, files)
-    reader = partial(_read_bronze_files, pieces=pieces, task=task, batch_rows=_BRONZE_BATCH_ROWS)
-    if in_driver:
+    reader = partial(_read_bronze_files, paths=[str(storage.local_path(f.path)) for f in files], task=task,
+                     batch_rows=_BRONZE_BATCH_ROWS)
+    if _in_driver(files):
         # A small batch: its files decoded one after the other here, by the same function the tasks run (a Spark
         # job and its Python worker's start cost more than the decode: bench/README.md, "Small batches decode in
         # the driver").
@@ -474,14 +411,13 @@ def _write_files(spark, files: list[BronzeFile], summary: BronzeSummary, held: i
 
         ids_batch = pa.RecordBatch.from_pydict({"id": pa.array(range(len(files)), pa.int64())})
         return [row for out in reader(iter([ids_batch])) for row in out.to_pylist()]
-    ids = spark.range(0, len(pieces), 1, len(pieces))  # one id per partition: piece `id` is task `id`'s
+    ids = spark.range(0, len(files), 1, len(files))  # one id per partition: file `id` is task `id`'s
     return [r.asDict() for r in _executor_errors(lambda: ids.mapInArrow(reader, silver_write.FILES_DDL).collect())]
 
 
 IN_DRIVER_BRONZE_BYTES = 4 << 20
 """Bronze files of at most this many bytes in all (~100,000 pgbench changes) are decoded in the driver, not by a
-Spark job of a task per piece of a file (decoding them takes less than the job's start, its Python worker's
-included)."""
+Spark job of a task per file (decoding them takes less than the job's start, its Python worker's included)."""
 
 
 def _in_driver(files: list[BronzeFile]) -> bool:
@@ -494,13 +430,12 @@ def _in_driver(files: list[BronzeFile]) -> bool:
     return True
 
 
-def _read_bronze_files(ids: Iterator, *, pieces: list[BronzePiece], task: Callable[[Iterator], Iterator],
+def _read_bronze_files(ids: Iterator, *, paths: list[str], task: Callable[[Iterator], Iterator],
                        batch_rows: int) -> Iterator:
-    """mapInArrow function over `spark.range` ids: the bronze rows of piece `pieces[id]` (`BronzePiece`; `end` -1:
-    the whole file), read in the task with pyarrow in file order as (lsn, xid, data, ord, file) batches, are handed
-    to `task` (what Spark's Parquet reader would hand it), a piece after a file's first behind its `Resume`.
-    Spark's reader decoded the frames' Parquet in the JVM and converted them to Arrow for the Python worker: half of
-    the decode's CPU time (bench/README.md, "2026-11-29, evening")."""
+    """mapInArrow function over `spark.range` ids: the bronze rows of file `paths[id]`, read in the task with
+    pyarrow in file order as (lsn, xid, data, ord, file) batches, are handed to `task` (what Spark's Parquet
+    reader would hand it). Spark's reader decoded the frames' Parquet in the JVM and converted them to Arrow for
+    the Python worker: half of the decode's CPU time (bench/README.md, "2026-11-29, evening")."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -510,87 +445,14 @@ def _read_bronze_files(ids: Iterator, *, pieces: list[BronzePiece], task: Callab
     def rows() -> Iterator:
         for batch in ids:
             for i in batch.column("id").to_pylist():
-                piece = pieces[i]
-                name = os.path.basename(piece.path)
-                with pq.ParquetFile(piece.path) as f:
-                    for rb in _piece_batches(f, piece, name, batch_rows, columns):
-                        if isinstance(rb, Resume):
-                            yield rb
-                            continue
+                name = os.path.basename(paths[i])
+                with pq.ParquetFile(paths[i]) as f:
+                    for rb in f.iter_batches(batch_size=batch_rows, columns=columns):
                         cols = [c if c.type == t else c.cast(t) for c, t in zip(rb.columns, schema.types)]
                         yield pa.RecordBatch.from_arrays([*cols, pa.array([name] * rb.num_rows, pa.string())],
                                                          schema=schema)
 
     return task(rows())
-
-
-_BEGIN, _RELATION = ord("B"), ord("R")
-
-
-def _frame_types(batch) -> Any:
-    """The pgoutput message type byte of each row of a bronze batch (0 for an empty frame), as numpy."""
-    import numpy as np
-    import pyarrow as pa
-
-    data = batch.column("data")
-    n = len(data)
-    width = np.int64 if data.type == pa.large_binary() else np.int32
-    offsets = np.frombuffer(data.buffers()[1], dtype=width)[data.offset:data.offset + n + 1].astype(np.int64)
-    values = np.frombuffer(data.buffers()[2] or b"", dtype=np.uint8)
-    types = np.zeros(n, dtype=np.uint8)
-    nonempty = offsets[1:] > offsets[:-1]
-    types[nonempty] = values[offsets[:-1][nonempty]]
-    return types
-
-
-def _relation_rows(batch, upto: int, name: str, types) -> list[BronzeRow]:
-    """The Relation frames among the first `upto` rows of a bronze batch, as `BronzeRow`s."""
-    import numpy as np
-
-    at = np.flatnonzero(types[:upto] == _RELATION)
-    if not len(at):
-        return []
-    part = batch.take(at)
-    return [BronzeRow(lsn, xid, data, o, name) for lsn, xid, data, o in zip(
-        *(part.column(c).to_pylist() for c in ("lsn", "xid", "data", "ord")))]
-
-
-def _piece_batches(f, piece: BronzePiece, name: str, batch_rows: int, columns: list[str]) -> Iterator:
-    """The bronze batches of `piece` of the open Parquet file `f` (`BronzePiece`), after a `Resume` unless the
-    piece starts the file."""
-    import numpy as np
-
-    if piece.end < 0 or (piece.first == 0 and piece.end >= piece.groups):  # the whole file
-        yield from f.iter_batches(batch_size=batch_rows, columns=columns)
-        return
-    earlier: list[BronzeRow] = []
-    if piece.first > 0:
-        # The Relation frames before the piece's row groups (only the columns a BronzeRow needs).
-        for rb in f.iter_batches(batch_size=batch_rows, row_groups=range(piece.first), columns=columns):
-            earlier += _relation_rows(rb, rb.num_rows, name, _frame_types(rb))
-    started = piece.first == 0
-    for g in range(piece.first, piece.groups):
-        for rb in f.iter_batches(batch_size=batch_rows, row_groups=[g], columns=columns):
-            types = _frame_types(rb)
-            if not started:
-                begins = np.flatnonzero(types == _BEGIN)
-                if not len(begins):  # still inside a transaction of the piece before
-                    earlier += _relation_rows(rb, rb.num_rows, name, types)
-                    continue
-                at = int(begins[0])
-                earlier += _relation_rows(rb, at, name, types)
-                if g >= piece.end:
-                    return  # the next piece starts at the same Begin: this one is empty
-                started = True
-                yield Resume(name, tuple(earlier))
-                rb, types = rb.slice(at), types[at:]
-            if g >= piece.end:  # past the piece's row groups: up to the next Begin (the next piece's first row)
-                begins = np.flatnonzero(types == _BEGIN)
-                if len(begins):
-                    if begins[0]:
-                        yield rb.slice(0, int(begins[0]))
-                    return
-            yield rb
 
 
 def _rows_written(spark, changes_path: str, end: Lsn) -> int:

@@ -19,7 +19,7 @@ unchanged TOAST in an old tuple, invalid UTF-8, a change before its Relation, a 
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from itertools import pairwise
 
 import numpy as np
@@ -185,11 +185,6 @@ class BatchDecoder:
             else:
                 yield from self._run(batch, values, buffer, starts, ends, types, a, b)
         self._last = self._bronze_rows(batch, n - 1, n)[0]
-
-    def resume(self, file: str, earlier: Iterable[BronzeRow]) -> None:
-        """Start inside `file` at a Begin, with the relations its Relation frames `earlier` define
-        (`ChangeStreamDecoder.resume`)."""
-        self._rows.resume(file, earlier)
 
     def finish(self) -> None:
         """A stream may not end inside a transaction (the reference decoder's check)."""
