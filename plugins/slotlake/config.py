@@ -79,6 +79,9 @@ class SparkSettings:
     spark_submit: str | None = None  # path to spark-submit; default: the one in this Python env
     server: str | None = None  # host:port of a running `slotlake spark-server`, or AUTO_SERVER: apps run there
     server_idle_minutes: float = 120.0  # `server: auto`: the server it starts stops after this long without an app
+    # `slotlake sync` decodes and merges a batch of at most this many bronze bytes in its own process, without
+    # Spark, when delta-rs can write it exactly (slotlake.merge.in_process); 0: always Spark
+    in_process_bytes: int = 4 << 20
 
 
 NUMERIC_MODES = ("decimal", "string")
@@ -212,7 +215,7 @@ class Config:
 _TOP_KEYS = {"lake", "spark", "sources", "extract", "snapshot", "storage"}
 _STORAGE_KEYS = {"endpoint", "region", "path_style"}
 _SECRET_WORDS = ("key", "secret", "password", "token", "credential")
-_SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit", "server", "server_idle_minutes"}
+_SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit", "server", "server_idle_minutes", "in_process_bytes"}
 _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_mb"}
 _SNAPSHOT_KEYS = {"workers", "part_pages"}
 _SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
@@ -513,9 +516,13 @@ def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = No
     if isinstance(idle, bool) or not isinstance(idle, int | float) or not 0 < idle <= 7 * 24 * 60:
         raise ConfigError(f"spark.server_idle_minutes: {idle!r} is not a number of minutes in (0, 10080]; it is "
                           "how long a server started by `spark.server: auto` waits for the next app (default 120)")
+    in_process = spark_raw.get("in_process_bytes", SparkSettings.in_process_bytes)
+    if isinstance(in_process, bool) or not isinstance(in_process, int) or in_process < 0:
+        raise ConfigError(f"spark.in_process_bytes: {in_process!r} is not a number of bytes >= 0; it is the largest "
+                          "batch (bronze bytes) a sync decodes and merges without Spark (default 4194304, 0: never)")
     spark = SparkSettings(master=master, conf={str(k): str(v) for k, v in conf.items()},
                           conn_id=spark_raw.get("conn_id"), spark_submit=spark_raw.get("spark_submit"),
-                          server=server or None, server_idle_minutes=float(idle))
+                          server=server or None, server_idle_minutes=float(idle), in_process_bytes=in_process)
     ex_raw = raw.get("extract") or {}
     if not isinstance(ex_raw, Mapping):
         raise ConfigError("extract: must be a mapping")

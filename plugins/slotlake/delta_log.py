@@ -88,6 +88,17 @@ def has_commits(path: str) -> bool:
     return any(_COMMIT_FILE.match(n) or ".checkpoint" in n for n in _log_names(path))
 
 
+def _spark_metric(name: str) -> str:
+    """A commit metric under Spark's name: delta-rs writes `num_target_rows_inserted` where Spark writes
+    `numTargetRowsInserted` (and `num_added_rows` for an append's `numOutputRows`)."""
+    if "_" not in name:
+        return name
+    if name == "num_added_rows":
+        return "numOutputRows"
+    head, *rest = name.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
 def _parse_commit(version: int, text: str) -> DeltaCommit:
     info: dict[str, Any] = {}
     for line in text.splitlines():
@@ -102,6 +113,7 @@ def _parse_commit(version: int, text: str) -> DeltaCommit:
                 break
     metrics = {}
     for k, v in (info.get("operationMetrics") or {}).items():
+        k = _spark_metric(k)
         try:
             metrics[k] = int(v)
         except (TypeError, ValueError):

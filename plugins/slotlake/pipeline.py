@@ -25,7 +25,7 @@ from slotlake.config import Config
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
-from slotlake.pending import PendingWork, pending_after_extract
+from slotlake.pending import PendingWork, pending_after_extract, read_watermarks
 from slotlake.spark.submit import run_spark_app, spark_app
 
 log = logging.getLogger(__name__)
@@ -261,6 +261,39 @@ def task_decode_and_merge(cfg: Config, source_name: str) -> None:
     run_spark_app(spark_app(cfg, source_name, "sync"))
 
 
+def _small_backlog(cfg: Config, source_name: str) -> bool:
+    """Whether the bronze files past silver's watermark of a local lake hold at most `spark.in_process_bytes`
+    (the batch `_sync_in_process` may take); False when that cannot be told here."""
+    from slotlake.bronze import list_bronze
+    from slotlake.contracts import STAGE_DECODE
+    from slotlake.decode.job import pending_files
+
+    limit = cfg.spark.in_process_bytes
+    paths = LakePaths.of(cfg.lake, source_name)
+    if not limit or storage.is_s3(paths.root):
+        return False
+    silver_end = delta_log.stage_end(paths.changes, STAGE_DECODE) if delta_log.is_delta_table(paths.changes) else None
+    todo = pending_files(list_bronze(paths.root), silver_end)
+    return sum(storage.local_path(f.path).stat().st_size for f in todo) <= limit
+
+
+def _sync_in_process(cfg: Config, source_name: str) -> bool:
+    """The decode and merge of a small batch in this process, without a JVM (`decode_in_process`, then
+    `merge_in_process`); a merge this process declines runs as a Spark app after the decode. False, nothing
+    done, when the decode is not one this process can do (the caller runs the Spark app for both)."""
+    if not cfg.spark.in_process_bytes:
+        return False
+    from slotlake.decode.job import decode_in_process
+    from slotlake.merge.in_process import merge_in_process
+
+    if decode_in_process(cfg, source_name, cfg.spark.in_process_bytes) is None:
+        return False
+    marks = read_watermarks(cfg, source_name)
+    if marks is None or marks.unloaded_copies or merge_in_process(cfg, source_name) is None:
+        task_merge(cfg, source_name)  # an initial copy to load, or a batch Spark merges (logged why)
+    return True
+
+
 def sync(cfg: Config, source_name: str) -> SyncReport:
     """Bring one source's lake up to date: the same steps, in the same order, as the sync DAG (its decode and
     merge tasks run here as one Spark application, only when something is due). Holds the source's run lock
@@ -277,14 +310,21 @@ def sync(cfg: Config, source_name: str) -> SyncReport:
         # With spark-submit, the app's JVM starts once the extract has archived a file, and waits for it
         # (slotlake.spark.early); a Spark server is warm already.
         with EarlySyncApp(lambda: spark_app(cfg, source_name, "sync")) as early:
+            def first_file() -> None:
+                # A batch this process may decode and merge itself needs no JVM (unless it turns out otherwise).
+                if not _small_backlog(cfg, source_name):
+                    early.start()
+
             t = time.monotonic()
-            extracted = task_extract(cfg, source_name, on_first_file=None if cfg.spark.server else early.start)
+            extracted = task_extract(cfg, source_name, on_first_file=None if cfg.spark.server else first_file)
             steps["extract"] = time.monotonic() - t
             pending = pending_of(extracted)
             log.info("sync %s: %s", source_name, pending.describe())
             t = time.monotonic()
             if pending.decode is not None:
-                if not early.run():
+                if early.started is None and _sync_in_process(cfg, source_name):
+                    pass
+                elif not early.run():
                     task_decode_and_merge(cfg, source_name)
             elif pending.merge is not None:
                 early.close()

@@ -69,7 +69,7 @@ def test_the_app_starts_during_the_extract_and_a_failed_extract_stops_it(pg_db, 
         conn.execute("ALTER TABLE hist REPLICA IDENTITY FULL")
         conn.execute("INSERT INTO items VALUES (1, 'a')")
     cfg = tmp_path / "slotlake.yaml"
-    cfg.write_text(json.dumps({"lake": str(tmp_path / "lake"), "spark": {"master": "local[2]"},
+    cfg.write_text(json.dumps({"lake": str(tmp_path / "lake"), "spark": {"master": "local[2]", "in_process_bytes": 0},
                                "extract": {"upto_nchanges": 30},  # several peek calls, so several files
                                "sources": {SOURCE: {"dsn": pg_db, "tables": TABLES}}}))
     paths = LakePaths.of(str(tmp_path / "lake"), SOURCE)

@@ -25,7 +25,10 @@ SOURCE = "shop"
 
 
 def write_config(path: Path, dsn: str, tables: list[str]) -> Path:
-    path.write_text(json.dumps({"lake": str(path.parent / "lake"), "spark": {"master": "local[2]"},
+    # Spark's decode and merge each time (`in_process_bytes: 0`): tests/integration/test_in_process_sync.py has the
+    # syncs that need no JVM at all
+    path.write_text(json.dumps({"lake": str(path.parent / "lake"),
+                                "spark": {"master": "local[2]", "in_process_bytes": 0},
                                 "sources": {SOURCE: {"dsn": dsn, "tables": tables}}}))
     return path
 

@@ -53,7 +53,7 @@ def test_syncs_run_in_the_spark_server_and_fall_back_when_it_is_gone(pg_db, tmp_
     port = free_port()
     cfg = tmp_path / "slotlake.yaml"
     cfg.write_text(json.dumps({"lake": str(tmp_path / "lake"),
-                               "spark": {"master": "local[1]", "server": f"127.0.0.1:{port}"},
+                               "spark": {"master": "local[1]", "server": f"127.0.0.1:{port}", "in_process_bytes": 0},
                                "sources": {SOURCE: {"dsn": pg_db, "tables": TABLES}}}))
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
@@ -124,7 +124,8 @@ def test_auto_server_starts_once_is_reused_and_stops_when_idle(pg_db, tmp_path):
 
     cfg = tmp_path / "slotlake.yaml"
     cfg.write_text(json.dumps({"lake": str(tmp_path / "lake"),
-                               "spark": {"master": "local[1]", "server": "auto", "server_idle_minutes": 0.5},
+                               "spark": {"master": "local[1]", "server": "auto", "server_idle_minutes": 0.5,
+                                         "in_process_bytes": 0},
                                "sources": {SOURCE: {"dsn": pg_db, "tables": TABLES}}}))
     state = tmp_path / "state"
     info = state / "spark-servers" / f"{server_key(spark_app(load_config(str(cfg)), SOURCE, 'sync'))}.json"

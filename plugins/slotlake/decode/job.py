@@ -377,6 +377,47 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
                         ddl_events=ddl_events, warnings=tuple(warnings))
 
 
+def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult | None:
+    """`run_decode` of a small batch without Spark, in the caller's process (`slotlake sync`): bronze files past
+    silver's watermark of at most `max_bytes` in all, on a local lake whose catalog the batch does not change
+    (no new table definition, no DDL event, no bootstrap read). Their changes are written as `_write_silver_directly`
+    writes them in the driver. None, nothing written, for any other batch: the Spark decode does it."""
+    cfg.source(source)
+    paths = LakePaths.of(cfg.lake, source)
+    if not silver_write.writes_directly(paths.changes) or not delta_log.readable(paths.changes) \
+            or not delta_log.has_commits(paths.catalog):
+        return None
+    watermark = None
+    if delta_log.is_delta_table(paths.changes):
+        watermark = delta_log.stage_end(paths.changes, STAGE_DECODE)
+        if watermark is None:
+            return None  # a silver table without a decode commit: `decode_watermark` asks Spark's history
+    todo = pending_files(list_bronze(paths.root), watermark)
+    if not todo or not _in_driver(todo, min(max_bytes, IN_DRIVER_BRONZE_BYTES)):
+        return None
+    end = todo[-1].end_lsn
+    # The bootstrap reads up to the batch's end, as `run_decode` applies them: one the catalog lacks is a change.
+    boots = [b for b in list_bootstrap(paths.root) if b.lsn <= end]
+    started = time.monotonic()
+    held = MAX_HELD_ROWS
+    summary = _footer_summary(todo, held)
+    if summary is None:
+        return None
+    meta_rows = _catalog_rows(None, summary, todo)
+    if any(r["kind"] == KIND_DDL for r in meta_rows):
+        return None
+    changed, _ = _update_catalog(None, paths.catalog, meta_rows, boots, source=source, end_lsn=end)
+    if changed:
+        return None
+    # Test-only failpoint, as `run_decode`'s (its catalog and DDL log have nothing to write here).
+    failpoints.die_at(failpoints.DECODE_AFTER_CATALOG)
+    n = _write_silver_directly(None, todo, summary, held, paths.changes, source, end)
+    secs = time.monotonic() - started
+    log.info("decode %s in this process: %d bronze files, %d changes, silver now at %s (%.1fs, %.0f rows/s)",
+             source, len(todo), n, end, secs, n / secs if secs else 0)
+    return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=end, catalog_versions_added=0)
+
+
 def _write_silver_directly(spark, files: list[BronzeFile], summary: BronzeSummary, held: int, changes_path: str,
                            source: str, end: Lsn) -> int:
     """The silver commit of a local lake: each task decodes its bronze file and writes its changes as Parquet
@@ -420,12 +461,12 @@ IN_DRIVER_BRONZE_BYTES = 4 << 20
 Spark job of a task per file (decoding them takes less than the job's start, its Python worker's included)."""
 
 
-def _in_driver(files: list[BronzeFile]) -> bool:
-    """Whether the decode of the local bronze `files` runs in this process (`IN_DRIVER_BRONZE_BYTES`)."""
+def _in_driver(files: list[BronzeFile], limit: int = IN_DRIVER_BRONZE_BYTES) -> bool:
+    """Whether the decode of the local bronze `files` runs in this process (at most `limit` bytes in all)."""
     total = 0
     for f in files:
         total += storage.local_path(f.path).stat().st_size
-        if total > IN_DRIVER_BRONZE_BYTES:
+        if total > limit:
             return False
     return True
 
@@ -575,6 +616,8 @@ def _update_catalog(spark, path: str, rows: list, boots: list[BootstrapCatalog],
     current = read_catalog(spark, path)
     versions, changed = apply_definitions(current, definitions)
     if changed:
+        if spark is None:  # `decode_in_process`: a catalog change is written by the Spark decode
+            return changed, []
         write_catalog(spark, path, versions, source=source, end_lsn=end_lsn)
     before = {(v.rel_oid, v.version) for v in current}
     blind = sorted({f"{v.schema_name}.{v.table_name}" for v in versions

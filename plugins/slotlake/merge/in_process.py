@@ -1,0 +1,419 @@
+"""The merge of a small batch without Spark: delta-rs's MERGE in `slotlake sync`'s own process.
+
+A spark-submit sync of ~1,000 changes spent most of its time starting a JVM and running Delta's MERGE in it cold
+(bench/README.md, "A small sync without a JVM"). This module merges the batches whose outcome it can tell exactly
+as `merge/job.py` would write it, and declines every other before writing anything: then `merge_in_process`
+returns None and the caller runs the Spark merge, which picks up from each table's watermark (a table merged here
+is up to date for it).
+
+Merged here, per table with changes: a gold table that exists and that delta-rs writes (a local lake, no column
+mapping, no deletion vectors, no copy snapshot to filter by), whose columns are what the batch's one column layout
+plans (no schema change, no DDL event since its watermark), with hard deletes, no history table, column types
+`arrow_values` reads exactly, and one of:
+
+    KEYED        no TRUNCATE, no unchanged TOAST value, no update with an old tuple (no key can change): each key's
+                 last change is its final state (`lineage._last_per_key`), one MERGE (delete / update / insert)
+    NOTHING      inserts appended (updates and deletes counted as unapplied, as the Spark merge does)
+    FULL         only plain inserts, none of which gold's file statistics let equal a gold row: appended, copies
+                 of one row numbered 1..n by `_slotlake_dup` (`job._append_rows`)
+
+Each table's commit carries the same idempotent-write transaction (app id, the run's end LSN) and userMetadata as
+Spark's MERGE, so a re-run, or Spark after a crash here, skips it; the run's `_runs` rows are one delta-rs append
+marked as a complete run, as `record_runs` writes them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import partial
+from typing import Any
+
+from slotlake import contracts, delta_log, failpoints, storage
+from slotlake.config import Config, SourceConfig
+from slotlake.contracts import COMMIT_TS_COL, DUP_COL, LSN_COL, STAGE_DDL_LOG, STAGE_DECODE
+from slotlake.decode.layouts import LayoutGroup
+from slotlake.errors import MergeError
+from slotlake.lake import LakePaths
+from slotlake.lsn import Lsn
+from slotlake.merge.arrow_values import ARROW_TYPES, DELTA_TYPES, typed_array
+from slotlake.merge.plan import (
+    COLUMN_MAPPING,
+    DELETION_VECTORS,
+    KeyStrategy,
+    TablePlan,
+    TableShape,
+    merge_app_id,
+    plan_table,
+    stage_metadata,
+)
+from slotlake.merge.silver_stats import SilverFileStats, files_of, files_to_read, has_changes, tables_in_window
+from slotlake.names import TableName
+
+log = logging.getLogger(__name__)
+
+_PLAIN_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")  # names delta-rs's SQL predicates read unquoted, as they are
+_MS_US = 1_000  # Delta's time stamp statistics are cut to milliseconds
+
+
+class Declined(Exception):
+    """This batch is not one the in-process merge writes exactly; Spark's merge does it."""
+
+
+@dataclass
+class _Table:
+    name: TableName
+    gold: str
+    version: int | None
+    n: int = 0  # silver rows in the window
+    plan: TablePlan | None = None
+    source: Any = None  # pyarrow Table: the MERGE's source (KEYED) or the rows to append
+    append: bool = False
+    unapplied: int = 0
+    last_commit_ts: datetime | None = None
+    up_to_date: bool = False
+
+
+def merge_in_process(cfg: Config, source: str):
+    """Merge every table of `source` up to silver's watermark without Spark, when each table's batch is one this
+    module writes exactly (module doc); else None, nothing written, and the reason logged. Returns the run's
+    `job.MergeReport` (the same one the Spark merge returns). The caller has checked that every complete initial
+    copy is in gold (`load_snapshots` is Spark's)."""
+    from slotlake.merge.job import MergeReport, TableMergeResult, _append_runs_directly, _last_complete_run
+    from slotlake.merge.watermarks import runs_tables_at, silver_file_stats
+
+    src = cfg.source(source)
+    paths = LakePaths.of(cfg.lake, source)
+    try:
+        if storage.is_s3(paths.root) or not delta_log.readable(paths.changes) \
+                or not delta_log.is_delta_table(paths.runs):
+            raise Declined("not a local lake with a `_runs` table")
+        end = delta_log.stage_end(paths.changes, STAGE_DECODE)
+        if end is None:
+            raise Declined("silver has no decode commit")
+        files = silver_file_stats(paths.changes)
+        since = _last_complete_run(paths, end)
+        if files is None or since is None:
+            raise Declined("silver's file statistics or the last complete run cannot be read")
+        names = _table_names(src, files, since, end, paths.runs, runs_tables_at)
+        ddl_end = delta_log.stage_end(paths.ddl_log, STAGE_DDL_LOG) if delta_log.is_delta_table(paths.ddl_log) \
+            else None
+        started = datetime.now(UTC)
+        tables = [_prepare(src, paths, name, end, files, ddl_end) for name in names]
+        present = runs_tables_at(paths.runs, end)
+        if present is None:
+            raise Declined("`_runs` cannot be read with delta-rs")
+    except Declined as why:
+        log.info("merge %s in this process declined (%s): Spark merges", source, why)
+        return None
+    results = []
+    for t in tables:
+        if t.up_to_date or t.plan is None:
+            results.append(TableMergeResult(t.name.schema, t.name.name, t.n, t.version, up_to_date=t.up_to_date,
+                                            started_at=started))
+            continue
+        version, metrics = _commit(src, t, end)
+        results.append(TableMergeResult(
+            t.name.schema, t.name.name, t.n, version,
+            rows_inserted=int(metrics.get("numTargetRowsInserted", metrics.get("numOutputRows", 0))),
+            rows_updated=int(metrics.get("numTargetRowsUpdated", 0)),
+            rows_deleted=int(metrics.get("numTargetRowsDeleted", 0)),
+            unapplied=t.unapplied, started_at=started, last_commit_ts=t.last_commit_ts))
+        log.info("merged %s in this process: %d change(s) up to %s -> gold version %s", t.name, t.n, end, version)
+        if t.unapplied:
+            log.warning("%s is merged insert-only (REPLICA IDENTITY NOTHING, or keyless): %d update(s)/delete(s) "
+                        "up to %s cannot be applied", t.name, t.unapplied, end)
+        # Test-only failpoint, as the Spark merge's: the process dies after the first table's commit.
+        failpoints.die_at(failpoints.MERGE_AFTER_FIRST_TABLE)
+    report = MergeReport(source, end, tuple(results))
+    finished = datetime.now(UTC)
+    missing = [(int(end), r.schema_name, r.table_name, r.gold_version, finished, r.started_at, r.changes,
+                r.last_commit_ts) for r in results if (r.schema_name, r.table_name) not in present]
+    if missing:
+        if not _append_runs_directly(paths.runs, missing, end, stage_metadata(end, contracts.STAGE_RUNS)):
+            log.info("merge %s: `_runs` not appended to in this process; Spark's merge records the run", source)
+            return None
+    elif delta_log.stage_end(paths.runs, contracts.STAGE_RUNS) != end:
+        log.info("merge %s: the run's rows are in `_runs` but not its mark; Spark's merge records it", source)
+        return None
+    log.info("%s (in this process, without Spark)", report.summary())
+    return report
+
+
+def _table_names(src: SourceConfig, files: Sequence[SilverFileStats], since: Lsn, end: Lsn, runs_path: str,
+                 runs_tables_at) -> list[TableName]:
+    """The tables the run merges, as `job._table_names` finds them (here only from silver's file statistics and
+    `_runs`, which must say it exactly)."""
+    if src.listed_tables:
+        return [TableName.parse(t) for t in src.listed_tables]
+    found = tables_in_window(files, int(since), int(end))
+    at_since = runs_tables_at(runs_path, since)
+    if found is None or at_since is None:
+        raise Declined("the run's tables cannot be told from silver's statistics")
+    found |= {TableName(s, t) for s, t in at_since}
+    return sorted(t for t in found if src.syncs(str(t)))
+
+
+def _prepare(src: SourceConfig, paths: LakePaths, name: TableName, end: Lsn, files: Sequence[SilverFileStats],
+             ddl_end: Lsn | None) -> _Table:
+    """Everything the table's commit needs, or Declined (nothing is written before every table is prepared)."""
+    from slotlake.merge.job import _footer_groups
+    from slotlake.merge.watermarks import _local_delta_state, local_files
+    from slotlake.source.copies import SNAPSHOT_PROPERTY
+
+    gold = paths.gold(name.schema, name.name)
+    state = _local_delta_state(gold)
+    if state is None or state.version is None:
+        raise Declined(f"{name} has no gold table readable here")
+    mark = state.watermark
+    t = _Table(name, gold, state.version)
+    if mark is not None and mark >= end:
+        t.up_to_date = True
+        return t
+    after = int(mark) if mark is not None else None
+    if not has_changes(files, name, after, int(end)):
+        return t
+    if mark is None:
+        raise Declined(f"{name}'s gold has no watermark")
+    if ddl_end is not None and ddl_end > mark:
+        raise Declined(f"a DDL event since {name}'s watermark")
+    groups: list[LayoutGroup] | None = _footer_groups(paths.changes, files, name, mark, end)
+    if groups is None:
+        raise Declined(f"{name}'s silver files have no layout summary")
+    t.n = sum(g.n for g in groups)
+    if t.n == 0:
+        return t
+    shaped = [g for g in groups if g.shape is not None]
+    if len(shaped) != 1 or any(g.truncs or g.toast for g in groups):
+        raise Declined(f"{name}: a TRUNCATE, unchanged TOAST or several column layouts")
+    g = shaped[0]
+    props = delta_log.table_properties(gold)
+    if props is None or props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true":
+        raise Declined(f"{name}: gold maps columns or has deletion vectors")
+    if props.get(SNAPSHOT_PROPERTY) and (json.loads(props[SNAPSHOT_PROPERTY]) or {}).get("visibility"):
+        raise Declined(f"{name}: gold filters changes by its copy's snapshot")
+    text = str(name)
+    if src.keeps_history(text) or src.uses_deletion_vectors(text):
+        raise Declined(f"{name}: a history table or deletion vectors")
+    s = g.shape_map
+    assert s is not None  # a group with a shape
+    shape = TableShape(name.schema, name.name, tuple(s["columns"]), tuple(s["type_oids"]), tuple(s["typmods"]),
+                       tuple(s["key_columns"] or ()), s["replica_identity"])
+    numeric = partial(src.numeric.unconstrained_for, text)
+    try:
+        plan = plan_table(shape, src.delete_mode, numeric, keyless_appends=src.keyless_appends(text))
+    except MergeError as e:
+        raise Declined(str(e)) from None
+    if plan.soft_delete:
+        raise Declined("soft deletes")
+    if plan.strategy is KeyStrategy.KEYED and g.old_updates:
+        raise Declined(f"{name}: an update with an old tuple (a key may change)")
+    if plan.strategy is KeyStrategy.FULL_ROW and g.plain != g.n:
+        raise Declined(f"{name}: FULL identity with updates or deletes")
+    _check_gold_schema(gold, plan)
+    chosen = files_to_read(files, name, after, int(end))
+    local = local_files(paths.changes, chosen) if chosen else None
+    if not local or files_of(files, name, after, int(end)) is None:
+        raise Declined(f"{name}'s silver files are not all local and wholly in the window")
+    batch = _read_batch(local, name, after, int(end))
+    t.plan, t.last_commit_ts = plan, g.last_ts
+    if plan.strategy is KeyStrategy.KEYED:
+        t.source = _keyed_source(plan, batch)
+    elif plan.strategy is KeyStrategy.INSERT_ONLY:
+        t.source, t.append = _append_rows(plan, batch, numbered=False), True
+        t.unapplied = g.ud
+    else:
+        rows = _append_rows(plan, batch, numbered=True)
+        if _gold_may_hold(gold, plan, rows):
+            raise Declined(f"{name}: gold's files may hold one of the batch's rows")
+        t.source, t.append = rows, True
+    return t
+
+
+def _check_gold_schema(gold: str, plan: TablePlan) -> None:
+    from deltalake import DeltaTable
+
+    want = [(f.name, DELTA_TYPES.get(f.type)) for f in plan.gold_schema]
+    if any(tp is None for _, tp in want) or not all(_PLAIN_NAME.match(n) for n, _ in want):
+        raise Declined(f"{plan.shape.qualified}: a column type or name this merge does not handle")
+    have = [(f.name, getattr(f.type, "type", None)) for f in DeltaTable(gold).schema().fields]
+    if have != want:
+        raise Declined(f"{plan.shape.qualified}: gold's columns are not the batch's")
+
+
+def _read_batch(files: Sequence[str], name: TableName, after: int | None, upto: int):
+    """The table's silver rows in (after, upto], ordered by (commit_lsn, seq)."""
+    import pyarrow.dataset as ds
+
+    cond = ((ds.field("schema_name") == name.schema) & (ds.field("table_name") == name.name)
+            & (ds.field("commit_lsn") <= upto) & (ds.field("op") != "T"))
+    if after is not None:
+        cond = cond & (ds.field("commit_end_lsn") > after)
+    cols = ["commit_lsn", "seq", "commit_ts", "op", "old", "new"]
+    table = ds.dataset(list(files), format="parquet").to_table(columns=cols, filter=cond)
+    return table.sort_by([("commit_lsn", "ascending"), ("seq", "ascending")])
+
+
+def _typed(plan: TablePlan, texts, i: int):
+    shape = plan.shape
+    out = typed_array(texts, shape.type_oids[i], shape.typmods[i], plan.numeric_mode(i))
+    if out is None:
+        raise Declined(f"{shape.qualified}.{shape.columns[i]}: a value this merge does not type (Spark types and "
+                       "quarantines it)")
+    return out
+
+
+def _column_texts(lists, i: int):
+    import pyarrow as pa
+
+    return pa.array([None if v is None or i >= len(v) else v[i] for v in lists.to_pylist()], pa.string())
+
+
+def _meta(batch, rows=None):
+    import pyarrow as pa
+
+    lsn = batch.column("commit_lsn") if rows is None else batch.column("commit_lsn").take(rows)
+    ts = batch.column("commit_ts") if rows is None else batch.column("commit_ts").take(rows)
+    return lsn.cast(pa.int64()), ts.cast(ARROW_TYPES["timestamp"])
+
+
+def _keyed_source(plan: TablePlan, batch):
+    """One row per key: its last change's action (D, else U), typed values, LSN and time (`_last_per_key`)."""
+    import pyarrow as pa
+
+    ops = batch.column("op").to_pylist()
+    new, old = batch.column("new").to_pylist(), batch.column("old").to_pylist()
+    keys = plan.key_positions
+    last: dict[tuple, int] = {}
+    for r, (op, nv, ov) in enumerate(zip(ops, new, old, strict=True)):
+        row = ov if op == "D" else nv
+        if row is None:
+            raise Declined(f"{plan.shape.qualified}: a change without its key")
+        key = tuple(row[k] if k < len(row) else None for k in keys)
+        if any(v is None for v in key):
+            raise Declined(f"{plan.shape.qualified}: a NULL key")
+        last[key] = r
+    rows = pa.array(sorted(last.values()), pa.int64())
+    chosen = batch.take(rows)
+    actions = pa.array(["D" if ops[r] == "D" else "U" for r in rows.to_pylist()], pa.string())
+    cols, names = [], []
+    picked_keys = {r: k for k, r in last.items()}
+    for j in range(len(keys)):
+        cols.append(_typed(plan, pa.array([picked_keys[r][j] for r in rows.to_pylist()], pa.string()), keys[j]))
+        names.append(f"__k{j}")
+    cols.append(actions)
+    names.append("__action")
+    new_lists = chosen.column("new")
+    for i in range(len(plan.shape.columns)):
+        cols.append(_typed(plan, _column_texts(new_lists, i), i))
+        names.append(f"__v{i}")
+    lsn, ts = _meta(chosen)
+    return pa.table([*cols, lsn, ts], names=[*names, "__lsn", "__ts"])
+
+
+def _append_rows(plan: TablePlan, batch, *, numbered: bool):
+    """The batch's inserts as gold rows (gold's column order). `numbered` (FULL identity): identical rows become
+    copies 1..n with the LSN and time of the row's last insert, as `job._append_rows` numbers them."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    inserts = batch.filter(pc.equal(batch.column("op"), "I"))
+    ncols = len(plan.shape.columns)
+    new = inserts.column("new")
+    if numbered:
+        texts = new.to_pylist()
+        lsns = inserts.column("commit_lsn").to_pylist()
+        groups: dict[tuple, list[int]] = {}  # distinct row -> [copies, index of its last insert]
+        for r, row in enumerate(texts):
+            g = groups.setdefault(tuple(row), [0, r])
+            g[0] += 1
+            if lsns[r] >= lsns[g[1]]:
+                g[1] = r
+        take = [g[1] for g in groups.values() for _ in range(g[0])]
+        dups = [d for g in groups.values() for d in range(1, g[0] + 1)]
+        inserts = inserts.take(pa.array(take, pa.int64()))
+        new = inserts.column("new")
+    values = [_typed(plan, _column_texts(new, i), i) for i in range(ncols)]
+    lsn, ts = _meta(inserts)
+    cols = [*values, lsn, ts]
+    names = [*plan.shape.columns, LSN_COL, COMMIT_TS_COL]
+    if numbered:
+        cols.append(pa.array(dups, pa.int32()))
+        names.append(DUP_COL)
+    return pa.table(cols, names=names)
+
+
+def _gold_may_hold(gold: str, plan: TablePlan, rows) -> bool:
+    """Whether a gold file's statistics let it hold one of `rows` (FULL identity: the whole row): the batch's
+    range of a non-string column overlaps the file's on every such column. No file left: an append is exact."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    if not rows.num_rows:
+        return False
+    actions = pa.table(DeltaTable(gold).get_add_actions(flatten=True))
+    if not actions.num_rows:
+        return False
+    cols = [c for c in plan.shape.columns
+            if not pa.types.is_string(rows.schema.field(c).type) and not pa.types.is_boolean(rows.schema.field(c).type)]
+    if not cols:
+        return True
+    overlap = pa.array([True] * actions.num_rows)
+    for c in cols:
+        values = rows.column(c)
+        lo, hi = pc.min(values), pc.max(values)
+        has_nulls = values.null_count > 0
+        if f"min.{c}" not in actions.column_names or f"max.{c}" not in actions.column_names:
+            return True
+        fmin, fmax = actions.column(f"min.{c}"), actions.column(f"max.{c}")
+        if pa.types.is_timestamp(fmax.type):  # statistics cut to milliseconds: a file's rows reach 1 ms past
+            fmin, fmax = (x.cast(pa.timestamp("us")).cast(pa.int64()) for x in (fmin, fmax))
+            fmax = pc.add(fmax, _MS_US)
+            lo, hi = (pa.scalar(x.cast(pa.timestamp("us")).value, pa.int64()) if x.is_valid else x for x in (lo, hi))
+        if lo.is_valid:
+            within = pc.and_kleene(pc.less_equal(fmin, hi.cast(fmin.type)), pc.greater_equal(fmax, lo.cast(fmax.type)))
+            within = pc.fill_null(within, True)  # a file without statistics may hold anything
+        else:
+            within = pa.array([False] * actions.num_rows)
+        if has_nulls:
+            nulls = actions.column(f"null_count.{c}") if f"null_count.{c}" in actions.column_names else None
+            within = pc.or_(within, pa.array([True] * actions.num_rows) if nulls is None
+                            else pc.fill_null(pc.greater(nulls, 0), True))
+        overlap = pc.and_(overlap, within)
+    return bool(pc.any(overlap).as_py())
+
+
+def _commit(src: SourceConfig, t: _Table, end: Lsn) -> tuple[int, dict[str, int]]:
+    """The table's one commit (a MERGE, or an append), idempotent per (table, run end); its version and metrics."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+    from deltalake.transaction import CommitProperties, Transaction
+
+    assert t.plan is not None and t.source is not None
+    app_id = merge_app_id(src.name, t.name.schema, t.name.name)
+    table = DeltaTable(t.gold)
+    done = table.transaction_version(app_id)
+    if done is None or done < int(end):
+        props = CommitProperties(custom_metadata={"userMetadata": stage_metadata(end, "merge")},
+                                 app_transactions=[Transaction(app_id, int(end))])
+        target = pa.schema(table.schema().to_arrow())
+        if t.append:
+            data = t.source.select(target.names).cast(target)
+            write_deltalake(table, data, mode="append", commit_properties=props)
+        else:
+            cols = t.plan.shape.columns
+            source = t.source
+            values = {c: f"s.__v{i}" for i, c in enumerate(cols)}
+            values.update({LSN_COL: "s.__lsn", COMMIT_TS_COL: "s.__ts"})
+            cond = " AND ".join(f"t.{cols[k]} = s.__k{j}" for j, k in enumerate(t.plan.key_positions))
+            (table.merge(source, cond, source_alias="s", target_alias="t", commit_properties=props)
+             .when_matched_delete("s.__action = 'D'")
+             .when_matched_update(values, "s.__action = 'U'")
+             .when_not_matched_insert(values, "s.__action = 'U'")
+             .execute())
+    newest = next(delta_log.commits(t.gold))
+    return newest.version, dict(newest.metrics)

@@ -1,0 +1,152 @@
+"""A small batch decoded and merged in `slotlake sync`'s own process (no JVM: slotlake.merge.in_process), next to
+the same changes through the Spark apps (`spark.in_process_bytes: 0`) from the same database: both lakes' gold
+tables must hold the same rows, `_slotlake_` columns included, and equal PostgreSQL; batches the in-process merge
+cannot write exactly (a key change, unchanged TOAST, a value only Spark types, a FULL delete) must go to Spark's
+merge and come out the same."""
+from __future__ import annotations
+
+import collections
+import json
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from clirun import launched_apps, sync_ok  # noqa: E402
+from delta_readers import read_delta_rs  # noqa: E402
+from oracle import assert_gold_equals_pg  # noqa: E402
+from slotlake import delta_log  # noqa: E402
+from slotlake.lake import LakePaths  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
+
+TABLES = ["public.items", "public.hist", "public.events"]
+IN_PROCESS, SPARK = "inproc", "viaspark"
+
+
+def write_config(path: Path, dsn: str) -> Path:
+    sources = {name: {"dsn": dsn, "tables": TABLES} for name in (IN_PROCESS, SPARK)}
+    path.write_text(json.dumps({"lake": str(path.parent / "lake"), "spark": {"master": "local[2]"},
+                                "sources": {IN_PROCESS: sources[IN_PROCESS]}}))
+    other = path.with_name("spark.yaml")
+    other.write_text(json.dumps({"lake": str(path.parent / "lake_spark"),
+                                 "spark": {"master": "local[2]", "in_process_bytes": 0},
+                                 "sources": {SPARK: sources[SPARK]}}))
+    return other
+
+
+def sync(cfg: Path, source: str) -> tuple[dict, str]:
+    out = sync_ok(cfg, source, "--json")
+    return json.loads(out.stdout), out.stderr
+
+
+def gold_rows(path: str) -> collections.Counter:
+    """Every gold row, `_slotlake_` columns included, read with delta-rs. The two lakes' slots have their own
+    consistent points: a row of the initial copy (no commit time) has its lake's, so it reads as "copy"."""
+    table = read_delta_rs(path)
+    rows = table.to_pylist()
+    for r in rows:
+        if r["_slotlake_commit_ts"] is None:
+            r["_slotlake_lsn"] = "copy"
+    return collections.Counter(tuple(sorted(r.items())) for r in rows)
+
+
+def check(tmp_path: Path, dsn: str) -> None:
+    for t in TABLES:
+        schema, table = t.split(".")
+        a = LakePaths.of(str(tmp_path / "lake"), IN_PROCESS).gold(schema, table)
+        b = LakePaths.of(str(tmp_path / "lake_spark"), SPARK).gold(schema, table)
+        assert_gold_equals_pg(a, dsn, t)
+        assert_gold_equals_pg(b, dsn, t)
+        assert gold_rows(a) == gold_rows(b), t
+
+
+def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text, n bigint, ok boolean, d date, "
+                     "ts timestamptz, tl timestamp, s smallint, big text)")
+        conn.execute("CREATE TABLE hist (a int, b text, t timestamptz)")
+        conn.execute("ALTER TABLE hist REPLICA IDENTITY FULL")
+        conn.execute("CREATE TABLE events (k int, v text)")
+        conn.execute("ALTER TABLE events REPLICA IDENTITY NOTHING")
+        conn.execute("INSERT INTO items SELECT g, 'n' || g, g * 1000000000::bigint, g % 2 = 0, DATE '2024-01-01' + g, "
+                     "TIMESTAMPTZ '2024-01-01 00:00:00+00' + g * interval '1.5 s', TIMESTAMP '2023-06-01 12:00:00' "
+                     "+ g * interval '1 ms', g, NULL FROM generate_series(1, 200) g")
+        conn.execute("INSERT INTO hist VALUES (0, 'seed', '2024-01-01')")
+        conn.execute("INSERT INTO events VALUES (0, 'seed')")
+    spark_cfg = write_config(tmp_path / "slotlake.yaml", pg_db)
+    cfg = tmp_path / "slotlake.yaml"
+    paths = LakePaths.of(str(tmp_path / "lake"), IN_PROCESS)
+    sync(cfg, IN_PROCESS)  # the initial copies: Spark loads them
+    sync(spark_cfg, SPARK)
+    check(tmp_path, pg_db)
+    # the first changes: decoded here, merged by Spark, which creates `_runs` (the in-process merge appends to it)
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO events VALUES (0, 'first')")
+    report, log = sync(cfg, IN_PROCESS)
+    assert "declined (not a local lake with a `_runs` table)" in log, log[-3000:]
+    assert launched_apps(log) == ["merge"], log[-3000:]
+    sync(spark_cfg, SPARK)
+    check(tmp_path, pg_db)
+
+    # 1. a mix the in-process merge takes: inserts, updates (a hot row many times), deletes, a key inserted and
+    # deleted in the batch, NULLs, duplicate FULL rows, inserts into a NOTHING table
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("INSERT INTO items VALUES (1000, 'new', NULL, NULL, NULL, NULL, NULL, NULL, NULL)")
+        for _ in range(30):
+            conn.execute("UPDATE items SET n = n + 1, ts = ts + interval '1 us' WHERE id = 7")
+        conn.execute("UPDATE items SET name = 'u' || id, ok = NOT ok, d = d + 1 WHERE id % 10 = 3")
+        conn.execute("DELETE FROM items WHERE id % 25 = 0")
+        conn.execute("INSERT INTO items VALUES (2000, 'gone', 1, true, '2024-05-05', '2024-05-05 01:02:03.456789+00',"
+                     " '2024-05-05 01:02:03.000001', -32768, 'x')")
+        conn.execute("DELETE FROM items WHERE id = 2000")
+        conn.execute("INSERT INTO hist VALUES (1, 'x', '2024-02-01'), (1, 'x', '2024-02-01'), (2, NULL, NULL)")
+        conn.execute("INSERT INTO hist VALUES (1, 'x', '2024-02-01'), (3, 'z', '2024-02-03 04:05:06.7+00')")
+        conn.execute("INSERT INTO events VALUES (1, 'a'), (1, 'a'), (2, NULL)")
+    report, log = sync(cfg, IN_PROCESS)
+    assert report["spark_skipped"] is False
+    assert launched_apps(log) == [], log[-3000:]
+    assert "merge inproc in this process declined" not in log, log[-3000:]
+    assert "(in this process, without Spark)" in log, log[-3000:]
+    merged = {m["table"]: m for m in report["merged"]}
+    # id 1000 is inserted, then deleted with every 25th id; 2000 inserted and deleted: neither reaches gold
+    assert (merged["public.items"]["deleted"], merged["public.items"]["inserted"]) == (8, 0), merged
+    assert merged["public.items"]["updated"] == 21, merged  # id 7 and the 20 ids ending in 3
+    assert merged["public.hist"]["inserted"] == 5 and merged["public.events"]["inserted"] == 3, merged
+    report, log = sync(spark_cfg, SPARK)
+    assert launched_apps(log) == ["sync"], log[-3000:]
+    check(tmp_path, pg_db)
+    # the run is recorded as complete: the next sync has nothing to do and starts nothing
+    report, log = sync(cfg, IN_PROCESS)
+    assert report["spark_skipped"] is True, report["spark"]
+    assert delta_log.stage_end(paths.runs, "runs") == delta_log.stage_end(paths.changes, "decode")
+
+    # 2. batches only Spark merges exactly: each is decoded here, then Spark's merge runs, and gold is the same
+    declines = [
+        "UPDATE items SET id = 5000 WHERE id = 11",  # a key change
+        "UPDATE items SET name = 'toast' WHERE id = 12",  # unchanged TOAST (big is stored out of line)
+        "INSERT INTO items (id, ts) VALUES (3000, 'infinity')",  # a value Spark quarantines
+        "DELETE FROM hist WHERE a = 1",  # a FULL table's delete
+    ]
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("UPDATE items SET big = (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300)) "
+                     "WHERE id = 12")
+    sync(cfg, IN_PROCESS)
+    sync(spark_cfg, SPARK)
+    for statement in declines:
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute(statement)
+        report, log = sync(cfg, IN_PROCESS)
+        assert "merge inproc in this process declined" in log, (statement, log[-3000:])
+        assert launched_apps(log) == ["merge"], (statement, log[-3000:])
+        sync(spark_cfg, SPARK)
+        if statement.startswith("INSERT INTO items (id, ts)"):
+            with psycopg.connect(pg_db, autocommit=True) as conn:  # quarantined in both: gold has NULL there
+                conn.execute("UPDATE items SET ts = NULL WHERE id = 3000")
+            sync(cfg, IN_PROCESS)
+            sync(spark_cfg, SPARK)
+        check(tmp_path, pg_db)

@@ -1,0 +1,48 @@
+"""PostgreSQL text -> Arrow values for the in-process merge (slotlake.merge.arrow_values): exact or None."""
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow as pa
+
+from slotlake.decode.types import BOOL, BYTEA, DATE, FLOAT8, INT2, INT4, INT8, NUMERIC, TEXT, TIMESTAMP, TIMESTAMPTZ
+from slotlake.merge.arrow_values import supported, typed_array
+
+UTC = dt.UTC
+
+
+def typed(texts, oid, typmod=-1):
+    out = typed_array(pa.array(texts, pa.string()), oid, typmod, "decimal")
+    return None if out is None else out.to_pylist()
+
+
+def test_integers_and_booleans_are_exact_and_an_overflow_declines():
+    assert typed(["-32768", "32767", None], INT2) == [-32768, 32767, None]
+    assert typed(["-2147483648", "7"], INT4) == [-2147483648, 7]
+    assert typed(["9223372036854775807"], INT8) == [9223372036854775807]
+    assert typed(["32768"], INT2) is None
+    assert typed(["t", "f", None], BOOL) == [True, False, None]
+    assert typed(["t", "yes"], BOOL) is None
+
+
+def test_text_stays_as_printed():
+    assert typed(["a  ", "", None, "ü"], TEXT) == ["a  ", "", None, "ü"]
+
+
+def test_dates_and_time_stamps_of_plain_iso_text():
+    assert typed(["2024-02-29", None, "1900-01-01", "9999-12-31"], DATE) == [
+        dt.date(2024, 2, 29), None, dt.date(1900, 1, 1), dt.date(9999, 12, 31)]
+    assert typed(["2024-01-01 12:00:00", "2024-01-01 12:00:00.000001", "1999-12-31 23:59:59.5"], TIMESTAMP) == [
+        dt.datetime(2024, 1, 1, 12), dt.datetime(2024, 1, 1, 12, 0, 0, 1), dt.datetime(1999, 12, 31, 23, 59, 59, 500000)]
+    assert typed(["2024-01-01 12:00:00.123456+00", None], TIMESTAMPTZ) == [
+        dt.datetime(2024, 1, 1, 12, 0, 0, 123456, tzinfo=UTC), None]
+
+
+def test_what_only_spark_types_declines():
+    for texts, oid in [(["infinity"], TIMESTAMP), (["-infinity"], TIMESTAMPTZ), (["2024-01-01 BC"], DATE),
+                       (["0044-03-15 12:00:00 BC"], TIMESTAMP), (["12345-01-01"], DATE), (["1582-10-10"], DATE),
+                       (["2024-01-01 12:00:00+05:30"], TIMESTAMPTZ), (["2024-01-01 12:00:00"], TIMESTAMPTZ)]:
+        assert typed(texts, oid) is None, (texts, oid)
+    for oid in (NUMERIC, FLOAT8, BYTEA, 1007):  # numeric, float8, bytea, int4[]
+        assert not supported(oid, -1, "decimal")
+        assert typed(["1"], oid) is None
