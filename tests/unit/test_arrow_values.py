@@ -33,7 +33,8 @@ def test_dates_and_time_stamps_of_plain_iso_text():
     assert typed(["2024-02-29", None, "1900-01-01", "9999-12-31"], DATE) == [
         dt.date(2024, 2, 29), None, dt.date(1900, 1, 1), dt.date(9999, 12, 31)]
     assert typed(["2024-01-01 12:00:00", "2024-01-01 12:00:00.000001", "1999-12-31 23:59:59.5"], TIMESTAMP) == [
-        dt.datetime(2024, 1, 1, 12), dt.datetime(2024, 1, 1, 12, 0, 0, 1), dt.datetime(1999, 12, 31, 23, 59, 59, 500000)]
+        dt.datetime(2024, 1, 1, 12), dt.datetime(2024, 1, 1, 12, 0, 0, 1),
+        dt.datetime(1999, 12, 31, 23, 59, 59, 500000)]
     assert typed(["2024-01-01 12:00:00.123456+00", None], TIMESTAMPTZ) == [
         dt.datetime(2024, 1, 1, 12, 0, 0, 123456, tzinfo=UTC), None]
 
