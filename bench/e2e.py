@@ -13,7 +13,9 @@ its stages timed separately, the same functions the CLI and the DAG run (after t
 the baseline: `COPY (SELECT ... pg_logical_slot_peek_binary_changes ...) TO STDOUT` read into nothing):
   preflight + extract   in a spawned child, whose VmHWM is the extract's peak RSS (the Spark app's JVM is
                         another process)
-  decode, merge         one Spark app that decodes then merges, as `slotlake sync` runs them (the timed sync is
+  decode, merge         in process (a batch of at most `spark.in_process_bytes`: `slotlake.merge.in_process`,
+                        no JVM; --in-process-bytes 0 turns it off), else
+                        one Spark app that decodes then merges, as `slotlake sync` runs them (the timed sync is
                         `slotlake sync`'s own function in a spawned child): a spark-submit started once the
                         extract has archived its first file (its JVM start overlaps the extract; what is left of
                         it after the extract is counted in the decode; the app prints its merge's own time);
@@ -66,12 +68,16 @@ CHANGES_PER_TXN = 4  # tpcb-like: UPDATE accounts, tellers, branches; INSERT his
 
 
 def _config(lake: str, dsn: str, server: str | None = None, event_log: str | None = None,
-            conf: dict[str, str] | None = None, tables: list[str] | None = None, deletion_vectors: bool = False):
+            conf: dict[str, str] | None = None, tables: list[str] | None = None, deletion_vectors: bool = False,
+            in_process_bytes: int | None = None):
     """The Spark apps read the config from a file, so the bench writes one next to the lake (`conf`: spark.conf,
-    `tables`: the source's table list, TABLES by default; `deletion_vectors`: the source's option of that name)."""
+    `tables`: the source's table list, TABLES by default; `deletion_vectors`: the source's option of that name;
+    `in_process_bytes`: spark.in_process_bytes, None for its default)."""
     path = Path(lake).parent / "slotlake.yaml"
     if not path.exists():
         spark = {"master": "local[2]", **({"server": server} if server else {}), "conf": dict(conf or {})}
+        if in_process_bytes is not None:
+            spark["in_process_bytes"] = in_process_bytes
         if event_log:  # Spark's event log of every app: where each second goes (bench/README.md "Profile")
             spark["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log})
         path.write_text(json.dumps({"lake": lake, "spark": spark,
@@ -99,9 +105,11 @@ def _child_sync(lake: str, dsn: str, out: mp.Queue) -> None:
     cfg = _config(lake, dsn)
     with capture_stage_line() as found:
         report = sync(cfg, "bench")
-    if not found:
+    if not found and "spark" in report.step_seconds:
         raise SystemExit("the sync app printed no 'sync stages:' line")
-    out.put({"steps": dict(report.step_seconds), "merge": found[-1]["merge"], "rows": report.archived_changes,
+    # decoded in the sync's process (config spark.in_process_bytes): its steps hold the decode and merge
+    merge = found[-1]["merge"] if found and "spark" in report.step_seconds else None
+    out.put({"steps": dict(report.step_seconds), "merge": merge, "rows": report.archived_changes,
              "bytes": report.archived_bytes, "max_rss_mb": peak_rss_mb()})
 
 
@@ -265,6 +273,9 @@ def main() -> None:
     ap.add_argument("--small-keys", choices=("random", "recent"), default="random",
                     help="the accounts the 1,000-change syncs update: random (pgbench's tpcb-like, default) or "
                          "10,000 added after the initial copy (a table whose newest rows change, e.g. orders)")
+    ap.add_argument("--in-process-bytes", type=int, default=None,
+                    help="config spark.in_process_bytes: batches of up to this many bronze bytes sync without a JVM "
+                         "(default: the config's default, 4 MB; 0: every batch through the Spark apps)")
     ap.add_argument("--auto-server", action="store_true",
                     help="`spark.server: auto`: the first sync starts the server (inside its time), the later "
                          "ones reuse it, as scheduled syncs do; it is stopped at the end")
@@ -292,7 +303,7 @@ def main() -> None:
             os.environ["SLOTLAKE_STATE_DIR"] = str(Path(tmp) / "state")
         cfg = _config(lake, dsn, "auto" if args.auto_server else f"127.0.0.1:{free_port()}" if args.server else None,
                       str(Path(args.event_log).resolve()) if args.event_log else None,
-                      deletion_vectors=args.deletion_vectors,
+                      deletion_vectors=args.deletion_vectors, in_process_bytes=args.in_process_bytes,
                       conf=dict(kv.split("=", 1) for kv in args.spark_conf))
         paths = LakePaths.of(lake, "bench")
         if args.auto_server:  # stopped at the end, as `slotlake spark-server --stop` does
@@ -338,8 +349,13 @@ def main() -> None:
                 ext = timed_sync(lake, dsn)
                 steps = ext["steps"]
                 stages["preflight + extract"] = steps["preflight"] + steps["extract"]
-                stages[f"decode ({where})"] = steps["spark"] - ext["merge"]  # what is left of the app's start too
-                stages[f"merge ({where})"] = ext["merge"]
+                if "spark" in steps:
+                    stages[f"decode ({where})"] = steps["spark"] - ext["merge"]  # what is left of the app's start
+                    stages[f"merge ({where})"] = ext["merge"]
+                else:  # decoded in the sync's process; merged there too, or by a Spark merge app
+                    stages["decode (in process)"] = steps["decode"]
+                    stages["merge (in process)" if "merge" in steps else f"merge ({where})"] = \
+                        steps.get("merge", steps.get("merge (Spark)", 0.0))
             bursts.append((bench_s, raw, ext, stages, decoded_rows(paths, silver_before), lsn_before))
         bench_s, raw, ext, stages, changes, lsn_before = bursts[-1]  # the replay re-applies the last burst
         replay_s = None
@@ -367,7 +383,10 @@ def main() -> None:
                 print(f"{name:<24} {s:>8.1f} {changes / s:>11,.0f} {mb / s:>7.2f}")
             print(f"{'raw pull (baseline)':<24} {raw['seconds']:>8.1f} {changes / raw['seconds']:>11,.0f} "
                   f"{mb / raw['seconds']:>7.2f}   COPY of peek_binary_changes, same slot, read into nothing")
-            print(f"extract peak RSS: {ext['max_rss_mb']:.0f} MB")
+            if "spark" in ext["steps"]:
+                print(f"extract peak RSS: {ext['max_rss_mb']:.0f} MB")
+            else:  # the child also decoded (and maybe merged) in process: its peak is theirs too
+                print(f"sync process peak RSS (extract, in-process decode and merge): {ext['max_rss_mb']:.0f} MB")
         print()
         if replay_s is not None:
             print(f"{'replay --dest, same range':<24} {replay_s:>8.1f} {changes / replay_s:>11,.0f} "
@@ -379,7 +398,8 @@ def main() -> None:
                   f"rows) {accounts.operation}: "
                   f"files removed {m.get('numTargetFilesRemoved', 0)}, added {m.get('numTargetFilesAdded', 0)}, "
                   f"rows copied {m.get('numTargetRowsCopied', 0):,}, deletion vectors added "
-                  f"{m.get('numTargetDeletionVectorsAdded', 0)}, bytes written {m.get('numTargetBytesAdded', 0):,}")
+                  f"{m.get('numTargetDeletionVectorsAdded', 0)}, bytes written "
+                  f"{format(m['numTargetBytesAdded'], ',') if 'numTargetBytesAdded' in m else '? (delta-rs)'}")
         for name, runs in fixed.items():
             if not runs:  # --repeat 0
                 continue

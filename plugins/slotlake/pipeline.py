@@ -277,21 +277,39 @@ def _small_backlog(cfg: Config, source_name: str) -> bool:
     return sum(storage.local_path(f.path).stat().st_size for f in todo) <= limit
 
 
-def _sync_in_process(cfg: Config, source_name: str) -> bool:
+def _sync_in_process(cfg: Config, source_name: str) -> dict[str, float] | None:
     """The decode and merge of a small batch in this process, without a JVM (`decode_in_process`, then
-    `merge_in_process`); a merge this process declines runs as a Spark app after the decode. False, nothing
-    done, when the decode is not one this process can do (the caller runs the Spark app for both)."""
+    `merge_in_process`); a merge this process declines runs as a Spark app after the decode. Returns the seconds
+    of `decode` and of `merge` (or `merge (Spark)`); None, nothing done, when the decode is not one this process
+    can do (the caller runs the Spark app for both)."""
     if not cfg.spark.in_process_bytes:
-        return False
+        return None
     from slotlake.decode.job import decode_in_process
+
+    t = time.monotonic()
+    if decode_in_process(cfg, source_name, cfg.spark.in_process_bytes) is None:
+        return None
+    steps = {"decode": time.monotonic() - t}
+    t = time.monotonic()
+    merged = _merge_in_process(cfg, source_name)
+    if merged is None:
+        task_merge(cfg, source_name)  # an initial copy to load, or a batch Spark merges (logged why)
+        merged = {"merge (Spark)": time.monotonic() - t}
+    return {**steps, **merged}
+
+
+def _merge_in_process(cfg: Config, source_name: str) -> dict[str, float] | None:
+    """`merge_in_process` when every initial copy is in gold (loading one is Spark's): {"merge": seconds}, or None
+    when it declined (nothing written)."""
     from slotlake.merge.in_process import merge_in_process
 
-    if decode_in_process(cfg, source_name, cfg.spark.in_process_bytes) is None:
-        return False
+    if not cfg.spark.in_process_bytes:
+        return None
+    t = time.monotonic()
     marks = read_watermarks(cfg, source_name)
     if marks is None or marks.unloaded_copies or merge_in_process(cfg, source_name) is None:
-        task_merge(cfg, source_name)  # an initial copy to load, or a batch Spark merges (logged why)
-    return True
+        return None
+    return {"merge": time.monotonic() - t}
 
 
 def sync(cfg: Config, source_name: str) -> SyncReport:
@@ -321,14 +339,21 @@ def sync(cfg: Config, source_name: str) -> SyncReport:
             pending = pending_of(extracted)
             log.info("sync %s: %s", source_name, pending.describe())
             t = time.monotonic()
-            if pending.decode is not None:
-                if early.started is None and _sync_in_process(cfg, source_name):
-                    pass
-                elif not early.run():
+            in_process = _sync_in_process(cfg, source_name) \
+                if pending.decode is not None and early.started is None else None
+            if in_process is not None:
+                steps.update(in_process)  # no Spark app for the decode: the stages' own times
+            elif pending.decode is not None:
+                if not early.run():
                     task_decode_and_merge(cfg, source_name)
             elif pending.merge is not None:
                 early.close()
-                task_merge(cfg, source_name)
-            if not pending.idle:
+                merged = _merge_in_process(cfg, source_name)
+                if merged is not None:
+                    steps.update(merged)
+                    in_process = merged
+                else:
+                    task_merge(cfg, source_name)
+            if not pending.idle and in_process is None:
                 steps["spark"] = time.monotonic() - t
     return build_report(cfg, source_name, extracted, steps)

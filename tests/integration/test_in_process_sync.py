@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from clirun import launched_apps, sync_ok  # noqa: E402
+from clirun import launched_apps, sync_crashes, sync_ok  # noqa: E402
 from delta_readers import read_delta_rs  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake import delta_log  # noqa: E402
@@ -84,12 +84,14 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
     sync(cfg, IN_PROCESS)  # the initial copies: Spark loads them
     sync(spark_cfg, SPARK)
     check(tmp_path, pg_db)
-    # the first changes: decoded here, merged by Spark, which creates `_runs` (the in-process merge appends to it)
+    # the first changes after the copies: decoded and merged here, `_runs` created here
+    assert not delta_log.is_delta_table(paths.runs)
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("INSERT INTO events VALUES (0, 'first')")
+        conn.execute("UPDATE items SET name = 'first' WHERE id = 1")
     report, log = sync(cfg, IN_PROCESS)
-    assert "declined (not a local lake with a `_runs` table)" in log, log[-3000:]
-    assert launched_apps(log) == ["merge"], log[-3000:]
+    assert launched_apps(log) == [] and "(in this process, without Spark)" in log, log[-3000:]
+    assert delta_log.stage_end(paths.runs, "runs") == delta_log.stage_end(paths.changes, "decode")
     sync(spark_cfg, SPARK)
     check(tmp_path, pg_db)
 
@@ -124,6 +126,22 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
     report, log = sync(cfg, IN_PROCESS)
     assert report["spark_skipped"] is True, report["spark"]
     assert delta_log.stage_end(paths.runs, "runs") == delta_log.stage_end(paths.changes, "decode")
+
+    # the process dies after its first table's commit: the next sync merges the rest, in process, nothing twice
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("UPDATE items SET n = -n WHERE id < 50")
+        conn.execute("INSERT INTO hist VALUES (4, 'crash', '2024-03-01')")
+        conn.execute("INSERT INTO events VALUES (4, 'crash')")
+    sync_crashes(cfg, IN_PROCESS, "merge_after_first_table")
+    silver_end = delta_log.stage_end(paths.changes, "decode")
+    marks = {t: delta_log.stage_end(paths.gold(*t.split(".")), "merge") for t in TABLES}
+    assert list(marks.values()).count(silver_end) == 1, marks  # one table committed, then the process died
+    report, log = sync(cfg, IN_PROCESS)
+    assert report["spark"].startswith("merge due:"), report["spark"]
+    assert launched_apps(log) == [] and "(in this process, without Spark)" in log, log[-3000:]
+    assert set(report["step_seconds"]) == {"preflight", "extract", "merge"}, report["step_seconds"]
+    sync(spark_cfg, SPARK)
+    check(tmp_path, pg_db)
 
     # 2. batches only Spark merges exactly: each is decoded here, then Spark's merge runs, and gold is the same
     declines = [

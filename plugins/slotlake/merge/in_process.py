@@ -55,6 +55,9 @@ from slotlake.names import TableName
 
 log = logging.getLogger(__name__)
 
+MAX_CHANGES = 250_000
+"""Silver rows a run merges here at most, over all its tables (a batch of `spark.in_process_bytes` of bronze holds
+~100,000 pgbench changes; a table far behind silver, after failed runs, has more): above it Spark merges."""
 _PLAIN_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")  # names delta-rs's SQL predicates read unquoted, as they are
 _MS_US = 1_000  # Delta's time stamp statistics are cut to milliseconds
 
@@ -88,21 +91,22 @@ def merge_in_process(cfg: Config, source: str):
     src = cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
     try:
-        if storage.is_s3(paths.root) or not delta_log.readable(paths.changes) \
-                or not delta_log.is_delta_table(paths.runs):
-            raise Declined("not a local lake with a `_runs` table")
+        if storage.is_s3(paths.root) or not delta_log.readable(paths.changes):
+            raise Declined("not a local lake")
         end = delta_log.stage_end(paths.changes, STAGE_DECODE)
         if end is None:
             raise Declined("silver has no decode commit")
         files = silver_file_stats(paths.changes)
-        since = _last_complete_run(paths, end)
-        if files is None or since is None:
-            raise Declined("silver's file statistics or the last complete run cannot be read")
+        since = _last_complete_run(paths, end)  # None: no complete run yet (every change of silver is due)
+        if files is None:
+            raise Declined("silver's file statistics cannot be read")
         names = _table_names(src, files, since, end, paths.runs, runs_tables_at)
         ddl_end = delta_log.stage_end(paths.ddl_log, STAGE_DDL_LOG) if delta_log.is_delta_table(paths.ddl_log) \
             else None
         started = datetime.now(UTC)
-        tables = [_prepare(src, paths, name, end, files, ddl_end) for name in names]
+        tables: list[_Table] = []
+        for name in names:
+            tables.append(_prepare(src, paths, name, end, files, ddl_end, MAX_CHANGES - sum(t.n for t in tables)))
         present = runs_tables_at(paths.runs, end)
         if present is None:
             raise Declined("`_runs` cannot be read with delta-rs")
@@ -129,6 +133,8 @@ def merge_in_process(cfg: Config, source: str):
         # Test-only failpoint, as the Spark merge's: the process dies after the first table's commit.
         failpoints.die_at(failpoints.MERGE_AFTER_FIRST_TABLE)
     report = MergeReport(source, end, tuple(results))
+    if not delta_log.is_delta_table(paths.runs):
+        _create_runs(paths.runs)  # the first run with changes (as `record_runs`' `ensure_table` creates it)
     finished = datetime.now(UTC)
     missing = [(int(end), r.schema_name, r.table_name, r.gold_version, finished, r.started_at, r.changes,
                 r.last_commit_ts) for r in results if (r.schema_name, r.table_name) not in present]
@@ -143,14 +149,23 @@ def merge_in_process(cfg: Config, source: str):
     return report
 
 
-def _table_names(src: SourceConfig, files: Sequence[SilverFileStats], since: Lsn, end: Lsn, runs_path: str,
+def _create_runs(path: str) -> None:
+    """An empty `_runs` (`contracts.RUNS`), created with delta-rs."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    schema = contracts.arrow_schema(contracts.RUNS)
+    write_deltalake(path, pa.Table.from_pylist([], schema=schema), mode="append")
+
+
+def _table_names(src: SourceConfig, files: Sequence[SilverFileStats], since: Lsn | None, end: Lsn, runs_path: str,
                  runs_tables_at) -> list[TableName]:
     """The tables the run merges, as `job._table_names` finds them (here only from silver's file statistics and
     `_runs`, which must say it exactly)."""
     if src.listed_tables:
         return [TableName.parse(t) for t in src.listed_tables]
-    found = tables_in_window(files, int(since), int(end))
-    at_since = runs_tables_at(runs_path, since)
+    found = tables_in_window(files, int(since) if since is not None else None, int(end))
+    at_since = runs_tables_at(runs_path, since) if since is not None else set()
     if found is None or at_since is None:
         raise Declined("the run's tables cannot be told from silver's statistics")
     found |= {TableName(s, t) for s, t in at_since}
@@ -158,8 +173,9 @@ def _table_names(src: SourceConfig, files: Sequence[SilverFileStats], since: Lsn
 
 
 def _prepare(src: SourceConfig, paths: LakePaths, name: TableName, end: Lsn, files: Sequence[SilverFileStats],
-             ddl_end: Lsn | None) -> _Table:
-    """Everything the table's commit needs, or Declined (nothing is written before every table is prepared)."""
+             ddl_end: Lsn | None, budget: int) -> _Table:
+    """Everything the table's commit needs, or Declined (nothing is written before every table is prepared); at
+    most `budget` changes (the run's `MAX_CHANGES` left)."""
     from slotlake.merge.job import _footer_groups
     from slotlake.merge.watermarks import _local_delta_state, local_files
     from slotlake.source.copies import SNAPSHOT_PROPERTY
@@ -186,6 +202,8 @@ def _prepare(src: SourceConfig, paths: LakePaths, name: TableName, end: Lsn, fil
     t.n = sum(g.n for g in groups)
     if t.n == 0:
         return t
+    if t.n > budget:
+        raise Declined(f"more than {MAX_CHANGES:,} changes to merge")
     shaped = [g for g in groups if g.shape is not None]
     if len(shaped) != 1 or any(g.truncs or g.toast for g in groups):
         raise Declined(f"{name}: a TRUNCATE, unchanged TOAST or several column layouts")
