@@ -82,6 +82,15 @@ def test_spark_server_auto_and_its_idle_minutes(monkeypatch):
             parse_config(with_change("spark.server_idle_minutes", bad))
 
 
+def test_in_process_bytes_default_zero_and_bad_values():
+    assert parse_config(GOOD).spark.in_process_bytes == 16 << 20
+    assert parse_config(with_change("spark.in_process_bytes", 0)).spark.in_process_bytes == 0
+    assert parse_config(with_change("spark.in_process_bytes", 1 << 30)).spark.in_process_bytes == 1 << 30
+    for bad in (-1, "4MB", True, 1.5):
+        with pytest.raises(ConfigError, match=r"^spark.in_process_bytes: .* is not a number of bytes >= 0"):
+            parse_config(with_change("spark.in_process_bytes", bad))
+
+
 @pytest.mark.parametrize(
     "path, value, fragment",
     [

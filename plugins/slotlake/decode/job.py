@@ -393,7 +393,7 @@ def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult 
         if watermark is None:
             return None  # a silver table without a decode commit: `decode_watermark` asks Spark's history
     todo = pending_files(list_bronze(paths.root), watermark)
-    if not todo or not _in_driver(todo, min(max_bytes, IN_DRIVER_BRONZE_BYTES)):
+    if not todo or not _in_driver(todo, max_bytes):
         return None
     end = todo[-1].end_lsn
     # The bootstrap reads up to the batch's end, as `run_decode` applies them: one the catalog lacks is a change.
@@ -411,7 +411,7 @@ def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult 
         return None
     # Test-only failpoint, as `run_decode`'s (its catalog and DDL log have nothing to write here).
     failpoints.die_at(failpoints.DECODE_AFTER_CATALOG)
-    n = _write_silver_directly(None, todo, summary, held, paths.changes, source, end)
+    n = _write_silver_directly(None, todo, summary, held, paths.changes, source, end, in_driver=True)
     secs = time.monotonic() - started
     log.info("decode %s in this process: %d bronze files, %d changes, silver now at %s (%.1fs, %.0f rows/s)",
              source, len(todo), n, end, secs, n / secs if secs else 0)
@@ -419,11 +419,11 @@ def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult 
 
 
 def _write_silver_directly(spark, files: list[BronzeFile], summary: BronzeSummary, held: int, changes_path: str,
-                           source: str, end: Lsn) -> int:
+                           source: str, end: Lsn, in_driver: bool | None = None) -> int:
     """The silver commit of a local lake: each task decodes its bronze file and writes its changes as Parquet
     files, one table per file (`decode/silver_write.py`); one delta-rs commit adds them with the same
     idempotent-write transaction and userMetadata as Spark's writer. Returns the rows added."""
-    written = _write_files(spark, files, summary, held, changes_path)
+    written = _write_files(spark, files, summary, held, changes_path, in_driver=in_driver)
     if not silver_write.commit(changes_path, written, app_id=app_id(source), version=end.value,
                                user_metadata=CommitMeta(STAGE_DECODE, end).json(),
                                properties=contracts.SILVER_PROPERTIES):
@@ -434,17 +434,18 @@ def _write_silver_directly(spark, files: list[BronzeFile], summary: BronzeSummar
 
 
 def _write_files(spark, files: list[BronzeFile], summary: BronzeSummary, held: int, changes_path: str,
-                 window: tuple[int | None, int] | None = None) -> list[dict]:
+                 window: tuple[int | None, int] | None = None, in_driver: bool | None = None) -> list[dict]:
     """The decode's tasks write the changes of the local bronze `files` (within `window`, see
     `silver_write.write_task`) as Parquet files into the folder of the local Delta table `changes_path`; their
-    descriptions, not committed. A task per file, which reads it itself (`_read_bronze_files`)."""
+    descriptions, not committed. A task per file, which reads it itself (`_read_bronze_files`); in this process
+    when `in_driver` (None: for files of at most `IN_DRIVER_BRONZE_BYTES`)."""
     folder = storage.local_path(changes_path)
     folder.mkdir(parents=True, exist_ok=True)
     task = partial(silver_write.write_task, folder=str(folder), rows_per_file=_ROWS_PER_FILE, window=window,
                    decode=partial(decode_partition, known_ends=summary.big_ends, max_held_rows=held))
     reader = partial(_read_bronze_files, paths=[str(storage.local_path(f.path)) for f in files], task=task,
                      batch_rows=_BRONZE_BATCH_ROWS)
-    if _in_driver(files):
+    if in_driver or (in_driver is None and _in_driver(files)):
         # A small batch: its files decoded one after the other here, by the same function the tasks run (a Spark
         # job and its Python worker's start cost more than the decode: bench/README.md, "Small batches decode in
         # the driver").

@@ -48,6 +48,7 @@ from slotlake.merge.plan import (
     TableShape,
     merge_app_id,
     plan_table,
+    rewrite_note,
     stage_metadata,
 )
 from slotlake.merge.silver_stats import SilverFileStats, files_of, files_to_read, has_changes, tables_in_window
@@ -55,9 +56,10 @@ from slotlake.names import TableName
 
 log = logging.getLogger(__name__)
 
-MAX_CHANGES = 250_000
-"""Silver rows a run merges here at most, over all its tables (a batch of `spark.in_process_bytes` of bronze holds
-~100,000 pgbench changes; a table far behind silver, after failed runs, has more): above it Spark merges."""
+MAX_CHANGES = 600_000
+"""Silver rows a run merges here at most, over all its tables (a batch of `spark.in_process_bytes` of bronze, 16 MB
+by default, holds ~400,000 pgbench changes; a table far behind silver, after failed runs, may have more): above it
+Spark merges. The batch is held in this process's memory (~570 MB peak RSS for 310,000 changes)."""
 _PLAIN_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")  # names delta-rs's SQL predicates read unquoted, as they are
 _MS_US = 1_000  # Delta's time stamp statistics are cut to milliseconds
 
@@ -120,12 +122,14 @@ def merge_in_process(cfg: Config, source: str):
                                             started_at=started))
             continue
         version, metrics = _commit(src, t, end)
+        rewrite = rewrite_note(t.name, {k: str(v) for k, v in metrics.items()}, False)
         results.append(TableMergeResult(
             t.name.schema, t.name.name, t.n, version,
             rows_inserted=int(metrics.get("numTargetRowsInserted", metrics.get("numOutputRows", 0))),
             rows_updated=int(metrics.get("numTargetRowsUpdated", 0)),
             rows_deleted=int(metrics.get("numTargetRowsDeleted", 0)),
-            unapplied=t.unapplied, started_at=started, last_commit_ts=t.last_commit_ts))
+            unapplied=t.unapplied, started_at=started, last_commit_ts=t.last_commit_ts,
+            notes=(rewrite,) if rewrite else ()))
         log.info("merged %s in this process: %d change(s) up to %s -> gold version %s", t.name, t.n, end, version)
         if t.unapplied:
             log.warning("%s is merged insert-only (REPLICA IDENTITY NOTHING, or keyless): %d update(s)/delete(s) "
@@ -285,81 +289,86 @@ def _typed(plan: TablePlan, texts, i: int):
 
 
 def _column_texts(lists, i: int):
+    """Element i of each list (PostgreSQL text), NULL for a NULL list or one that ends before i."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    if not len(lists):
+        return pa.array([], pa.string())
+    shortest = pc.min(pc.list_value_length(lists)).as_py()
+    if shortest is None or shortest > i:
+        return pc.list_element(lists, i)
     return pa.array([None if v is None or i >= len(v) else v[i] for v in lists.to_pylist()], pa.string())
 
 
-def _meta(batch, rows=None):
+def _meta(batch):
     import pyarrow as pa
 
-    lsn = batch.column("commit_lsn") if rows is None else batch.column("commit_lsn").take(rows)
-    ts = batch.column("commit_ts") if rows is None else batch.column("commit_ts").take(rows)
-    return lsn.cast(pa.int64()), ts.cast(ARROW_TYPES["timestamp"])
+    return batch.column("commit_lsn").cast(pa.int64()), batch.column("commit_ts").cast(ARROW_TYPES["timestamp"])
 
 
 def _keyed_source(plan: TablePlan, batch):
-    """One row per key: its last change's action (D, else U), typed values, LSN and time (`_last_per_key`)."""
+    """One row per key: its last change's action (D, else U), typed values, LSN and time (`_last_per_key`): the
+    key of a change is its new tuple's, a delete's its old tuple's; the batch is in (commit_lsn, seq) order, so a
+    key's last change is its greatest row number."""
+    import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
 
-    ops = batch.column("op").to_pylist()
-    new, old = batch.column("new").to_pylist(), batch.column("old").to_pylist()
+    is_del = pc.equal(batch.column("op"), "D")
+    new, old = batch.column("new"), batch.column("old")
     keys = plan.key_positions
-    last: dict[tuple, int] = {}
-    for r, (op, nv, ov) in enumerate(zip(ops, new, old, strict=True)):
-        row = ov if op == "D" else nv
-        if row is None:
-            raise Declined(f"{plan.shape.qualified}: a change without its key")
-        key = tuple(row[k] if k < len(row) else None for k in keys)
-        if any(v is None for v in key):
-            raise Declined(f"{plan.shape.qualified}: a NULL key")
-        last[key] = r
-    rows = pa.array(sorted(last.values()), pa.int64())
+    texts = [pc.if_else(is_del, _column_texts(old, k), _column_texts(new, k)) for k in keys]
+    if any(t.null_count for t in texts):
+        raise Declined(f"{plan.shape.qualified}: a change without its key")
+    numbered = pa.table([*texts, pa.array(np.arange(batch.num_rows, dtype=np.int64))],
+                        names=[*(f"k{j}" for j in range(len(keys))), "__i"])
+    rows = numbered.group_by([f"k{j}" for j in range(len(keys))], use_threads=False) \
+        .aggregate([("__i", "max")]).column("__i_max")
     chosen = batch.take(rows)
-    actions = pa.array(["D" if ops[r] == "D" else "U" for r in rows.to_pylist()], pa.string())
-    cols, names = [], []
-    picked_keys = {r: k for k, r in last.items()}
-    for j in range(len(keys)):
-        cols.append(_typed(plan, pa.array([picked_keys[r][j] for r in rows.to_pylist()], pa.string()), keys[j]))
-        names.append(f"__k{j}")
-    cols.append(actions)
-    names.append("__action")
-    new_lists = chosen.column("new")
-    for i in range(len(plan.shape.columns)):
-        cols.append(_typed(plan, _column_texts(new_lists, i), i))
-        names.append(f"__v{i}")
+    cols = [_typed(plan, pc.take(texts[j], rows), k) for j, k in enumerate(keys)]
+    cols.append(pc.if_else(pc.equal(chosen.column("op"), "D"), "D", "U"))
+    chosen_new = chosen.column("new")
+    cols += [_typed(plan, _column_texts(chosen_new, i), i) for i in range(len(plan.shape.columns))]
     lsn, ts = _meta(chosen)
-    return pa.table([*cols, lsn, ts], names=[*names, "__lsn", "__ts"])
+    names = [*(f"__k{j}" for j in range(len(keys))), "__action",
+             *(f"__v{i}" for i in range(len(plan.shape.columns))), "__lsn", "__ts"]
+    return pa.table([*cols, lsn, ts], names=names)
 
 
 def _append_rows(plan: TablePlan, batch, *, numbered: bool):
     """The batch's inserts as gold rows (gold's column order). `numbered` (FULL identity): identical rows become
     copies 1..n with the LSN and time of the row's last insert, as `job._append_rows` numbers them."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     inserts = batch.filter(pc.equal(batch.column("op"), "I"))
     ncols = len(plan.shape.columns)
     new = inserts.column("new")
+    texts = [_column_texts(new, i) for i in range(ncols)]
+    dups = None
     if numbered:
-        texts = new.to_pylist()
-        lsns = inserts.column("commit_lsn").to_pylist()
-        groups: dict[tuple, list[int]] = {}  # distinct row -> [copies, index of its last insert]
-        for r, row in enumerate(texts):
-            g = groups.setdefault(tuple(row), [0, r])
-            g[0] += 1
-            if lsns[r] >= lsns[g[1]]:
-                g[1] = r
-        take = [g[1] for g in groups.values() for _ in range(g[0])]
-        dups = [d for g in groups.values() for d in range(1, g[0] + 1)]
-        inserts = inserts.take(pa.array(take, pa.int64()))
-        new = inserts.column("new")
-    values = [_typed(plan, _column_texts(new, i), i) for i in range(ncols)]
+        # per distinct row (NULLs equal, as the MERGE's <=>): its copies and its last insert (the batch is in
+        # commit order: the greatest row number has the greatest commit LSN)
+        rows = pa.table([*texts, pa.array(np.arange(inserts.num_rows, dtype=np.int64))],
+                        names=[*(f"c{i}" for i in range(ncols)), "__i"])
+        per_row = rows.group_by([f"c{i}" for i in range(ncols)], use_threads=False) \
+            .aggregate([("__i", "max"), ("__i", "count")])
+        counts = per_row.column("__i_count").to_numpy()
+        take = pa.array(np.repeat(per_row.column("__i_max").to_numpy(), counts))
+        starts = np.repeat(np.cumsum(counts) - counts, counts)
+        dups = pa.array((np.arange(len(take)) - starts + 1).astype(np.int32))
+        inserts = inserts.take(take)
+        texts = [pc.take(t, take) for t in texts]
+    values = [_typed(plan, texts[i], i) for i in range(ncols)]
     lsn, ts = _meta(inserts)
     cols = [*values, lsn, ts]
     names = [*plan.shape.columns, LSN_COL, COMMIT_TS_COL]
-    if numbered:
-        cols.append(pa.array(dups, pa.int32()))
+    if dups is not None:
+        cols.append(dups)
         names.append(DUP_COL)
     return pa.table(cols, names=names)
 
