@@ -275,7 +275,7 @@ def main() -> None:
                          "10,000 added after the initial copy (a table whose newest rows change, e.g. orders)")
     ap.add_argument("--in-process-bytes", type=int, default=None,
                     help="config spark.in_process_bytes: batches of up to this many bronze bytes sync without a JVM "
-                         "(default: the config's default, 16 MB; 0: every batch through the Spark apps)")
+                         "(default: the config's default, 32 MB; 0: every batch through the Spark apps)")
     ap.add_argument("--auto-server", action="store_true",
                     help="`spark.server: auto`: the first sync starts the server (inside its time), the later "
                          "ones reuse it, as scheduled syncs do; it is stopped at the end")

@@ -83,7 +83,7 @@ def test_spark_server_auto_and_its_idle_minutes(monkeypatch):
 
 
 def test_in_process_bytes_default_zero_and_bad_values():
-    assert parse_config(GOOD).spark.in_process_bytes == 16 << 20
+    assert parse_config(GOOD).spark.in_process_bytes == 32 << 20
     assert parse_config(with_change("spark.in_process_bytes", 0)).spark.in_process_bytes == 0
     assert parse_config(with_change("spark.in_process_bytes", 1 << 30)).spark.in_process_bytes == 1 << 30
     for bad in (-1, "4MB", True, 1.5):

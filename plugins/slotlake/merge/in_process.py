@@ -57,8 +57,8 @@ from slotlake.names import TableName
 log = logging.getLogger(__name__)
 
 MAX_CHANGES = 600_000
-"""Silver rows a run merges here at most, over all its tables (a batch of `spark.in_process_bytes` of bronze, 16 MB
-by default, holds ~400,000 pgbench changes; a table far behind silver, after failed runs, may have more): above it
+"""Silver rows a run merges here at most, over all its tables (a batch of `spark.in_process_bytes` of bronze, 32 MB
+by default, holds ~500,000 pgbench changes; a table far behind silver, after failed runs, may have more): above it
 Spark merges. The batch is held in this process's memory (~570 MB peak RSS for 310,000 changes)."""
 _PLAIN_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")  # names delta-rs's SQL predicates read unquoted, as they are
 _MS_US = 1_000  # Delta's time stamp statistics are cut to milliseconds
