@@ -462,8 +462,11 @@ IN_DRIVER_BRONZE_BYTES = 4 << 20
 Spark job of a task per file (decoding them takes less than the job's start, its Python worker's included)."""
 
 
-def _in_driver(files: list[BronzeFile], limit: int = IN_DRIVER_BRONZE_BYTES) -> bool:
-    """Whether the decode of the local bronze `files` runs in this process (at most `limit` bytes in all)."""
+def _in_driver(files: list[BronzeFile], limit: int | None = None) -> bool:
+    """Whether the decode of the local bronze `files` runs in this process (at most `limit` bytes in all; None:
+    `IN_DRIVER_BRONZE_BYTES`, read when called)."""
+    if limit is None:
+        limit = IN_DRIVER_BRONZE_BYTES
     total = 0
     for f in files:
         total += storage.local_path(f.path).stat().st_size
