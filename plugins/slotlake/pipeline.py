@@ -264,17 +264,11 @@ def task_decode_and_merge(cfg: Config, source_name: str) -> None:
 def _small_backlog(cfg: Config, source_name: str) -> bool:
     """Whether the bronze files past silver's watermark of a local lake hold at most `spark.in_process_bytes`
     (the batch `_sync_in_process` may take); False when that cannot be told here."""
-    from slotlake.bronze import list_bronze
-    from slotlake.contracts import STAGE_DECODE
-    from slotlake.decode.job import pending_files
+    from slotlake.decode.job import backlog_fits
 
-    limit = cfg.spark.in_process_bytes
     paths = LakePaths.of(cfg.lake, source_name)
-    if not limit or storage.is_s3(paths.root):
-        return False
-    silver_end = delta_log.stage_end(paths.changes, STAGE_DECODE) if delta_log.is_delta_table(paths.changes) else None
-    todo = pending_files(list_bronze(paths.root), silver_end)
-    return sum(storage.local_path(f.path).stat().st_size for f in todo) <= limit
+    limit = cfg.spark.in_process_bytes
+    return bool(limit) and not storage.is_s3(paths.root) and backlog_fits(paths, limit)
 
 
 def _sync_in_process(cfg: Config, source_name: str) -> dict[str, float] | None:

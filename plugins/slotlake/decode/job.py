@@ -377,6 +377,13 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
                         ddl_events=ddl_events, warnings=tuple(warnings))
 
 
+def backlog_fits(paths: LakePaths, max_bytes: int) -> bool:
+    """Whether the bronze files past silver's decode watermark of a local lake hold at most `max_bytes` in all
+    (the batch `decode_in_process` may take)."""
+    end = delta_log.stage_end(paths.changes, STAGE_DECODE) if delta_log.is_delta_table(paths.changes) else None
+    return _in_driver(pending_files(list_bronze(paths.root), end), max_bytes)
+
+
 def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult | None:
     """`run_decode` of a small batch without Spark, in the caller's process (`slotlake sync`): bronze files past
     silver's watermark of at most `max_bytes` in all, on a local lake whose catalog the batch does not change
