@@ -261,35 +261,55 @@ def task_decode_and_merge(cfg: Config, source_name: str) -> None:
     run_spark_app(spark_app(cfg, source_name, "sync"))
 
 
-def _small_backlog(cfg: Config, source_name: str) -> bool:
-    """Whether the bronze files past silver's watermark of a local lake hold at most `spark.in_process_bytes`
-    (the batch `_sync_in_process` may take); False when that cannot be told here."""
-    from slotlake.decode.job import backlog_fits
+def _in_process_first(cfg: Config, source_name: str) -> bool:
+    """Whether this process may decode and merge the first slice of the backlog itself: a local lake, and the first
+    bronze file past silver's watermark of at most `spark.in_process_bytes` (False when that cannot be told here)."""
+    from slotlake.decode.job import first_slice_fits
 
     paths = LakePaths.of(cfg.lake, source_name)
     limit = cfg.spark.in_process_bytes
-    return bool(limit) and not storage.is_s3(paths.root) and backlog_fits(paths, limit)
+    return bool(limit) and not storage.is_s3(paths.root) and first_slice_fits(paths, limit)
 
 
 def _sync_in_process(cfg: Config, source_name: str) -> dict[str, float] | None:
-    """The decode and merge of a small batch in this process, without a JVM (`decode_in_process`, then
-    `merge_in_process`); a merge this process declines runs as a Spark app after the decode. Returns the seconds
-    of `decode` and of `merge` (or `merge (Spark)`); None, nothing done, when the decode is not one this process
-    can do (the caller runs the Spark app for both)."""
+    """The decode and merge of the backlog in this process, without a JVM, one slice of at most
+    `spark.in_process_bytes` of bronze at a time (`decode_in_process`, then `merge_in_process`: a silver commit and
+    one commit per gold table a slice, so memory is bounded by the slice, not the backlog). From the first slice
+    this process declines (a catalog change, a batch only Spark merges exactly) on, one Spark app does the rest from
+    the watermarks. Returns the seconds of `decode` and `merge` (summed over the slices), and of `spark` (the sync
+    app: decode and merge) or `merge (Spark)` (the merge app) when one ran; None, nothing done, when the first
+    slice's decode is not one this process can do (the caller runs the Spark app for everything)."""
     if not cfg.spark.in_process_bytes:
         return None
     from slotlake.decode.job import decode_in_process
 
-    t = time.monotonic()
-    if decode_in_process(cfg, source_name, cfg.spark.in_process_bytes) is None:
+    steps = {"decode": 0.0, "merge": 0.0}
+    slices = merged_slices = 0
+    while True:
+        t = time.monotonic()
+        decoded = decode_in_process(cfg, source_name, cfg.spark.in_process_bytes)
+        if decoded is None:
+            break  # nothing left to decode, or a slice the Spark decode must do
+        steps["decode"] += time.monotonic() - t
+        slices += 1
+        merged = _merge_in_process(cfg, source_name)
+        if merged is None:
+            break  # an initial copy to load, or a batch Spark merges (logged why)
+        steps["merge"] += merged["merge"]
+        merged_slices += 1
+    if not slices:
         return None
-    steps = {"decode": time.monotonic() - t}
     t = time.monotonic()
-    merged = _merge_in_process(cfg, source_name)
-    if merged is None:
-        task_merge(cfg, source_name)  # an initial copy to load, or a batch Spark merges (logged why)
-        merged = {"merge (Spark)": time.monotonic() - t}
-    return {**steps, **merged}
+    due = pending_after_extract(cfg, source_name)
+    if due.decode is not None:
+        task_decode_and_merge(cfg, source_name)
+        steps["spark"] = time.monotonic() - t
+    elif due.merge is not None:
+        task_merge(cfg, source_name)
+        steps["merge (Spark)"] = time.monotonic() - t
+    log.info("sync %s: %d slice(s) decoded and %d merged in this process%s", source_name, slices, merged_slices,
+             "" if due.idle else f"; the rest by Spark ({due.describe()})")
+    return steps
 
 
 def _merge_in_process(cfg: Config, source_name: str) -> dict[str, float] | None:
@@ -324,7 +344,7 @@ def sync(cfg: Config, source_name: str) -> SyncReport:
         with EarlySyncApp(lambda: spark_app(cfg, source_name, "sync")) as early:
             def first_file() -> None:
                 # A batch this process may decode and merge itself needs no JVM (unless it turns out otherwise).
-                if not _small_backlog(cfg, source_name):
+                if not _in_process_first(cfg, source_name):
                     early.start()
 
             t = time.monotonic()

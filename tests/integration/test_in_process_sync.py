@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from delta_readers import read_delta_rs  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake import delta_log  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
+from slotlake.lsn import Lsn  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -28,14 +30,19 @@ TABLES = ["public.items", "public.hist", "public.events"]
 IN_PROCESS, SPARK = "inproc", "viaspark"
 
 
-def write_config(path: Path, dsn: str) -> Path:
+def write_config(path: Path, dsn: str, *, extract: dict | None = None, in_process_bytes: int | None = None) -> Path:
+    """The in-process lake's config at `path` (`spark.in_process_bytes` as given, else its default) and the Spark
+    lake's beside it (returned); both with the `extract` settings given."""
     sources = {name: {"dsn": dsn, "tables": TABLES} for name in (IN_PROCESS, SPARK)}
-    path.write_text(json.dumps({"lake": str(path.parent / "lake"), "spark": {"master": "local[2]"},
-                                "sources": {IN_PROCESS: sources[IN_PROCESS]}}))
+    more = {"extract": extract} if extract else {}
+    spark = {"master": "local[2]"} if in_process_bytes is None else {"master": "local[2]",
+                                                                     "in_process_bytes": in_process_bytes}
+    path.write_text(json.dumps({"lake": str(path.parent / "lake"), "spark": spark,
+                                "sources": {IN_PROCESS: sources[IN_PROCESS]}, **more}))
     other = path.with_name("spark.yaml")
     other.write_text(json.dumps({"lake": str(path.parent / "lake_spark"),
                                  "spark": {"master": "local[2]", "in_process_bytes": 0},
-                                 "sources": {SPARK: sources[SPARK]}}))
+                                 "sources": {SPARK: sources[SPARK]}, **more}))
     return other
 
 
@@ -168,3 +175,93 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
             sync(cfg, IN_PROCESS)
             sync(spark_cfg, SPARK)
         check(tmp_path, pg_db)
+
+
+def _create_tables(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text, n bigint)")
+        # FULL identity: a slice's rows are appended when gold's files cannot hold an equal row (their `t` ranges
+        # do not overlap the slice's, as pgbench_history's mtime)
+        conn.execute("CREATE TABLE hist (a int, b text, t timestamptz)")
+        conn.execute("ALTER TABLE hist REPLICA IDENTITY FULL")
+        conn.execute("CREATE TABLE events (k int, v text)")
+        conn.execute("ALTER TABLE events REPLICA IDENTITY NOTHING")
+        conn.execute("INSERT INTO items SELECT g, 'n' || g, g FROM generate_series(1, 100) g")
+
+
+def _decode_commits(paths: LakePaths) -> int:
+    return sum(1 for c in delta_log.commits(paths.changes) if c.operation != "CREATE TABLE")
+
+
+def _slices(log: str) -> tuple[int, int]:
+    """(slices decoded, slices merged) in this process, from the sync's log line."""
+    found = re.findall(r"(\d+) slice\(s\) decoded and (\d+) merged in this process", log)
+    assert len(found) == 1, log[-3000:]
+    return int(found[0][0]), int(found[0][1])
+
+
+def test_a_backlog_bigger_than_a_slice_is_decoded_and_merged_slice_by_slice(pg_db, tmp_path):
+    """A backlog of many small bronze files (`extract.upto_nchanges: 60`) and `spark.in_process_bytes` of about two
+    of them: the sync takes it slice by slice in process (a silver commit and a gold commit a slice, no JVM), with
+    a hot row, keys inserted in one slice and deleted in a later one, FULL duplicates split across slices; then a
+    key change in the middle of a backlog: the slices before it merge here, Spark's app does the rest. Gold equals
+    PostgreSQL and the Spark-only lake's gold row for row."""
+    _create_tables(pg_db)
+    extract = {"upto_nchanges": 60}
+    probe = write_config(tmp_path / "slotlake.yaml", pg_db, extract=extract)
+    cfg = tmp_path / "slotlake.yaml"
+    sync(cfg, IN_PROCESS)  # the initial copies (Spark loads them)
+    sync(probe, SPARK)
+    paths = LakePaths.of(str(tmp_path / "lake"), IN_PROCESS)
+    # a slice of about two bronze files of this workload: one small sync's file sets the size
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for i in range(12):
+            conn.execute(f"UPDATE items SET n = n + 1 WHERE id BETWEEN {i * 4 + 1} AND {i * 4 + 4}")
+    sync(cfg, IN_PROCESS)
+    sync(probe, SPARK)
+    sizes = sorted(f.stat().st_size for f in Path(paths.root, "bronze").glob("*.parquet"))
+    assert len(sizes) >= 1, sizes
+    write_config(cfg, pg_db, extract=extract, in_process_bytes=2 * sizes[-1] + sizes[-1] // 2)
+    spark_cfg = tmp_path / "spark.yaml"
+    check(tmp_path, pg_db)
+
+    # 1. ~900 changes in ~60 transactions: ~15 files, several slices
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for i in range(60):
+            with conn.transaction():
+                conn.execute("UPDATE items SET n = n + 1, name = 'hot' || %s WHERE id = 7", (i,))
+                conn.execute("UPDATE items SET n = n * 2 WHERE id BETWEEN %s AND %s", (i % 90 + 10, i % 90 + 14))
+                conn.execute("INSERT INTO items VALUES (%s, 'new', %s)", (1000 + i, i))
+                if i >= 20:  # keys inserted in an earlier slice, deleted in a later one
+                    conn.execute("DELETE FROM items WHERE id = %s", (1000 + i - 20,))
+                conn.execute("INSERT INTO hist SELECT 1, 'same', t FROM generate_series(1, 2), "  # two equal rows
+                             "(SELECT TIMESTAMPTZ '2024-01-01 00:00+00' + %s * interval '1 hour' t) x", (i,))
+                conn.execute("INSERT INTO events VALUES (%s, 'e')", (i % 3,))
+    before = _decode_commits(paths)
+    report, log = sync(cfg, IN_PROCESS)
+    assert launched_apps(log) == [], log[-3000:]
+    decoded, merged = _slices(log)
+    assert decoded == merged >= 3, log[-3000:]
+    assert _decode_commits(paths) - before == decoded
+    # one gold commit a slice for the table every slice changes
+    assert sum(1 for c in delta_log.commits(paths.gold("public", "items")) if c.operation == "MERGE") >= decoded
+    assert delta_log.stage_end(paths.runs, "runs") == delta_log.stage_end(paths.changes, "decode") == \
+        Lsn.parse(report["end_lsn"])
+    sync(spark_cfg, SPARK)
+    check(tmp_path, pg_db)
+
+    # 2. a key change in the middle of the backlog: the slices before it are merged here, Spark does the rest
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for i in range(40):
+            with conn.transaction():
+                conn.execute("UPDATE items SET n = n + 1 WHERE id BETWEEN 20 AND 30")
+                if i == 20:
+                    conn.execute("UPDATE items SET id = 5000 WHERE id = 8")
+                conn.execute("INSERT INTO hist VALUES (2, 'after', TIMESTAMPTZ '2025-01-01 00:00+00' + %s * "
+                             "interval '1 hour')", (i,))
+    report, log = sync(cfg, IN_PROCESS)
+    decoded, merged = _slices(log)
+    assert decoded > merged >= 1, log[-3000:]
+    assert "the rest by Spark" in log and launched_apps(log) == ["sync"], log[-3000:]
+    sync(spark_cfg, SPARK)
+    check(tmp_path, pg_db)

@@ -377,18 +377,32 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
                         ddl_events=ddl_events, warnings=tuple(warnings))
 
 
-def backlog_fits(paths: LakePaths, max_bytes: int) -> bool:
-    """Whether the bronze files past silver's decode watermark of a local lake hold at most `max_bytes` in all
-    (the batch `decode_in_process` may take)."""
+def in_process_slice(files: list[BronzeFile], max_bytes: int) -> list[BronzeFile]:
+    """The slice of pending bronze `files` (in LSN order) that one in-process decode takes: the longest prefix of at
+    most `max_bytes` in all; empty when the first file alone is bigger (Spark decodes it)."""
+    total = 0
+    for i, f in enumerate(files):
+        total += storage.local_path(f.path).stat().st_size
+        if total > max_bytes:
+            return files[:i]
+    return list(files)
+
+
+def first_slice_fits(paths: LakePaths, max_bytes: int) -> bool:
+    """Whether the first bronze file past silver's decode watermark of a local lake holds at most `max_bytes` (the
+    first slice `decode_in_process` may take); True when no file is pending."""
     end = delta_log.stage_end(paths.changes, STAGE_DECODE) if delta_log.is_delta_table(paths.changes) else None
-    return _in_driver(pending_files(list_bronze(paths.root), end), max_bytes)
+    todo = pending_files(list_bronze(paths.root), end)
+    return not todo or bool(in_process_slice(todo[:1], max_bytes))
 
 
 def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult | None:
-    """`run_decode` of a small batch without Spark, in the caller's process (`slotlake sync`): bronze files past
-    silver's watermark of at most `max_bytes` in all, on a local lake whose catalog the batch does not change
-    (no new table definition, no DDL event, no bootstrap read). Their changes are written as `_write_silver_directly`
-    writes them in the driver. None, nothing written, for any other batch: the Spark decode does it."""
+    """`run_decode` of one slice without Spark, in the caller's process (`slotlake sync`): the longest run of bronze
+    files past silver's watermark of at most `max_bytes` in all (`in_process_slice`; the caller decodes a bigger
+    backlog slice by slice, merging each), on a local lake whose catalog the slice does not change (no new table
+    definition, no DDL event, no bootstrap read). Their changes are written as `_write_silver_directly` writes them
+    in the driver, one silver commit per slice. None, nothing written, when nothing is pending or for any other
+    slice: the Spark decode does it."""
     cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
     if not silver_write.writes_directly(paths.changes) or not delta_log.readable(paths.changes) \
@@ -399,8 +413,8 @@ def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult 
         watermark = delta_log.stage_end(paths.changes, STAGE_DECODE)
         if watermark is None:
             return None  # a silver table without a decode commit: `decode_watermark` asks Spark's history
-    todo = pending_files(list_bronze(paths.root), watermark)
-    if not todo or not _in_driver(todo, max_bytes):
+    todo = in_process_slice(pending_files(list_bronze(paths.root), watermark), max_bytes)
+    if not todo:
         return None
     end = todo[-1].end_lsn
     # The bootstrap reads up to the batch's end, as `run_decode` applies them: one the catalog lacks is a change.
@@ -469,17 +483,10 @@ IN_DRIVER_BRONZE_BYTES = 4 << 20
 Spark job of a task per file (decoding them takes less than the job's start, its Python worker's included)."""
 
 
-def _in_driver(files: list[BronzeFile], limit: int | None = None) -> bool:
-    """Whether the decode of the local bronze `files` runs in this process (at most `limit` bytes in all; None:
-    `IN_DRIVER_BRONZE_BYTES`, read when called)."""
-    if limit is None:
-        limit = IN_DRIVER_BRONZE_BYTES
-    total = 0
-    for f in files:
-        total += storage.local_path(f.path).stat().st_size
-        if total > limit:
-            return False
-    return True
+def _in_driver(files: list[BronzeFile]) -> bool:
+    """Whether the decode of the local bronze `files` runs in this process: at most `IN_DRIVER_BRONZE_BYTES` in all
+    (read when called)."""
+    return len(in_process_slice(files, IN_DRIVER_BRONZE_BYTES)) == len(files)
 
 
 def _read_bronze_files(ids: Iterator, *, paths: list[str], task: Callable[[Iterator], Iterator],

@@ -56,7 +56,7 @@ from slotlake.names import TableName
 
 log = logging.getLogger(__name__)
 
-MAX_CHANGES = 600_000
+MAX_CHANGES = 1_000_000
 """Silver rows a run merges here at most, over all its tables (a batch of `spark.in_process_bytes` of bronze, 32 MB
 by default, holds ~500,000 pgbench changes; a table far behind silver, after failed runs, may have more): above it
 Spark merges. The batch is held in this process's memory (~570 MB peak RSS for 310,000 changes)."""
