@@ -79,8 +79,8 @@ class SparkSettings:
     spark_submit: str | None = None  # path to spark-submit; default: the one in this Python env
     server: str | None = None  # host:port of a running `slotlake spark-server`, or AUTO_SERVER: apps run there
     server_idle_minutes: float = 120.0  # `server: auto`: the server it starts stops after this long without an app
-    # `slotlake sync` decodes and merges a batch of at most this many bronze bytes in its own process, without
-    # Spark, when delta-rs can write it exactly (slotlake.merge.in_process); 0: always Spark
+    # `slotlake sync` decodes and merges its backlog in its own process, without Spark, in slices of at most this
+    # many bronze bytes, while delta-rs can write them exactly (slotlake.merge.in_process); 0: always Spark
     in_process_bytes: int = 32 << 20
 
 
@@ -519,7 +519,7 @@ def parse_config(raw: Any, *, base_dir: str | None = None, path: str | None = No
     in_process = spark_raw.get("in_process_bytes", SparkSettings.in_process_bytes)
     if isinstance(in_process, bool) or not isinstance(in_process, int) or in_process < 0:
         raise ConfigError(f"spark.in_process_bytes: {in_process!r} is not a number of bytes >= 0; it is the largest "
-                          "batch (bronze bytes) a sync decodes and merges without Spark (default 33554432, 0: never)")
+                          "slice (bronze bytes) a sync decodes and merges without Spark (default 33554432, 0: never)")
     spark = SparkSettings(master=master, conf={str(k): str(v) for k, v in conf.items()},
                           conn_id=spark_raw.get("conn_id"), spark_submit=spark_raw.get("spark_submit"),
                           server=server or None, server_idle_minutes=float(idle), in_process_bytes=in_process)

@@ -203,9 +203,10 @@ def _slices(log: str) -> tuple[int, int]:
 def test_a_backlog_bigger_than_a_slice_is_decoded_and_merged_slice_by_slice(pg_db, tmp_path):
     """A backlog of many small bronze files (`extract.upto_nchanges: 60`) and `spark.in_process_bytes` of about two
     of them: the sync takes it slice by slice in process (a silver commit and a gold commit a slice, no JVM), with
-    a hot row, keys inserted in one slice and deleted in a later one, FULL duplicates split across slices; then a
-    key change in the middle of a backlog: the slices before it merge here, Spark's app does the rest. Gold equals
-    PostgreSQL and the Spark-only lake's gold row for row."""
+    a hot row, keys inserted in one slice and deleted in a later one, FULL rows equal within a slice and whose
+    value ranges overlap gold's files (so gold's rows are read to tell that none is equal); then a
+    FULL row gold already holds in the middle of a backlog: the slices before it merge here, Spark's app does the
+    rest. Gold equals PostgreSQL and the Spark-only lake's gold row for row."""
     _create_tables(pg_db)
     extract = {"upto_nchanges": 60}
     probe = write_config(tmp_path / "slotlake.yaml", pg_db, extract=extract)
@@ -234,8 +235,10 @@ def test_a_backlog_bigger_than_a_slice_is_decoded_and_merged_slice_by_slice(pg_d
                 conn.execute("INSERT INTO items VALUES (%s, 'new', %s)", (1000 + i, i))
                 if i >= 20:  # keys inserted in an earlier slice, deleted in a later one
                     conn.execute("DELETE FROM items WHERE id = %s", (1000 + i - 20,))
-                conn.execute("INSERT INTO hist SELECT 1, 'same', t FROM generate_series(1, 2), "  # two equal rows
-                             "(SELECT TIMESTAMPTZ '2024-01-01 00:00+00' + %s * interval '1 hour' t) x", (i,))
+                # two equal rows; every slice's ranges of a and t overlap gold's files, no row equals one of gold
+                conn.execute("INSERT INTO hist SELECT %s, 'r' || %s, t FROM generate_series(1, 2), "
+                             "(SELECT TIMESTAMPTZ '2024-01-01 00:00+00' + %s * interval '1 hour' t) x",
+                             (i % 7, i, i % 5))
                 conn.execute("INSERT INTO events VALUES (%s, 'e')", (i % 3,))
     before = _decode_commits(paths)
     report, log = sync(cfg, IN_PROCESS)
@@ -250,18 +253,20 @@ def test_a_backlog_bigger_than_a_slice_is_decoded_and_merged_slice_by_slice(pg_d
     sync(spark_cfg, SPARK)
     check(tmp_path, pg_db)
 
-    # 2. a key change in the middle of the backlog: the slices before it are merged here, Spark does the rest
+    # 2. in the middle of the backlog, a FULL row gold already holds (its copy is numbered after gold's, which only
+    # the MERGE does): the slices before it are merged here, Spark does the rest
     with psycopg.connect(pg_db, autocommit=True) as conn:
         for i in range(40):
             with conn.transaction():
                 conn.execute("UPDATE items SET n = n + 1 WHERE id BETWEEN 20 AND 30")
-                if i == 20:
-                    conn.execute("UPDATE items SET id = 5000 WHERE id = 8")
                 conn.execute("INSERT INTO hist VALUES (2, 'after', TIMESTAMPTZ '2025-01-01 00:00+00' + %s * "
                              "interval '1 hour')", (i,))
+                if i == 20:
+                    conn.execute("INSERT INTO hist VALUES (1, 'r1', TIMESTAMPTZ '2024-01-01 01:00+00')")
     report, log = sync(cfg, IN_PROCESS)
     decoded, merged = _slices(log)
     assert decoded > merged >= 1, log[-3000:]
+    assert "gold holds one of the batch's rows" in log, log[-3000:]
     assert "the rest by Spark" in log and launched_apps(log) == ["sync"], log[-3000:]
     sync(spark_cfg, SPARK)
     check(tmp_path, pg_db)

@@ -47,3 +47,18 @@ def test_what_only_spark_types_declines():
     for oid in (NUMERIC, FLOAT8, BYTEA, 1007):  # numeric, float8, bytea, int4[]
         assert not supported(oid, -1, "decimal")
         assert typed(["1"], oid) is None
+
+
+def test_rows_equal_to_gold_rows_match_with_nulls_equal_and_nothing_else():
+    """The FULL append's check (`in_process._equal_rows`): a batch row matches a gold row when every column is equal
+    or NULL on both sides, as the MERGE's `<=>`; "" and 0 (the fill values) do not match NULL."""
+    from slotlake.merge.in_process import _equal_rows
+
+    ts = pa.timestamp("us", "UTC")
+    batch = pa.table({"a": pa.array([1, None, 0, 2], pa.int32()), "b": pa.array(["x", None, "", None]),
+                      "t": pa.array([5, 6, 0, None], ts)})
+    gold = pa.table({"a": pa.array([1, None, None, 2], pa.int32()), "b": pa.array(["x", None, None, "y"]),
+                     "t": pa.array([5, 6, None, None], ts)})
+    assert sorted(_equal_rows(batch, gold).column("v0").to_pylist()) == [0, 1]  # rows 0 and 1 (a NULL -> 0)
+    assert _equal_rows(batch.slice(2), gold).num_rows == 0  # (0, "", epoch) is not (NULL, NULL, NULL)
+    assert _equal_rows(batch, gold.slice(0, 0)).num_rows == 0

@@ -377,13 +377,27 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
                         ddl_events=ddl_events, warnings=tuple(warnings))
 
 
-def in_process_slice(files: list[BronzeFile], max_bytes: int) -> list[BronzeFile]:
-    """The slice of pending bronze `files` (in LSN order) that one in-process decode takes: the longest prefix of at
-    most `max_bytes` in all; empty when the first file alone is bigger (Spark decodes it)."""
-    total = 0
+SLICE_MAX_ROWS = 1_000_000
+"""Bronze rows (pgoutput messages) one in-process slice holds at most, beside `spark.in_process_bytes`: the changes
+the in-process merge then holds are bounded too (`merge.in_process.MAX_CHANGES`; a 1,000,000-change slice peaked at
+~650 MB RSS). One extract call's file holds at most `extract.upto_nchanges` (1,000,000) rows unless a single
+transaction is bigger."""
+
+
+def in_process_slice(files: list[BronzeFile], max_bytes: int,
+                     max_rows: int | None = SLICE_MAX_ROWS) -> list[BronzeFile]:
+    """The slice of pending local bronze `files` (in LSN order) that one in-process decode takes: the longest prefix
+    of at most `max_bytes` and `max_rows` rows (None: any) in all; empty when the first file alone is bigger (Spark
+    decodes it)."""
+    import pyarrow.parquet as pq
+
+    size = rows = 0
     for i, f in enumerate(files):
-        total += storage.local_path(f.path).stat().st_size
-        if total > max_bytes:
+        path = storage.local_path(f.path)
+        size += path.stat().st_size
+        if max_rows is not None:
+            rows += pq.ParquetFile(path).metadata.num_rows
+        if size > max_bytes or (max_rows is not None and rows > max_rows):
             return files[:i]
     return list(files)
 
@@ -398,11 +412,11 @@ def first_slice_fits(paths: LakePaths, max_bytes: int) -> bool:
 
 def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult | None:
     """`run_decode` of one slice without Spark, in the caller's process (`slotlake sync`): the longest run of bronze
-    files past silver's watermark of at most `max_bytes` in all (`in_process_slice`; the caller decodes a bigger
-    backlog slice by slice, merging each), on a local lake whose catalog the slice does not change (no new table
-    definition, no DDL event, no bootstrap read). Their changes are written as `_write_silver_directly` writes them
-    in the driver, one silver commit per slice. None, nothing written, when nothing is pending or for any other
-    slice: the Spark decode does it."""
+    files past silver's watermark of at most `max_bytes` and `SLICE_MAX_ROWS` rows (`in_process_slice`; the caller
+    decodes a bigger backlog slice by slice, merging each), on a local lake whose catalog the slice does not change
+    (no new table definition, no DDL event, no bootstrap read). Their changes are written as `_write_silver_directly`
+    writes them in the driver, one silver commit per slice. None, nothing written, when nothing is pending or for
+    any other slice: the Spark decode does it."""
     cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
     if not silver_write.writes_directly(paths.changes) or not delta_log.readable(paths.changes) \
@@ -486,7 +500,7 @@ Spark job of a task per file (decoding them takes less than the job's start, its
 def _in_driver(files: list[BronzeFile]) -> bool:
     """Whether the decode of the local bronze `files` runs in this process: at most `IN_DRIVER_BRONZE_BYTES` in all
     (read when called)."""
-    return len(in_process_slice(files, IN_DRIVER_BRONZE_BYTES)) == len(files)
+    return len(in_process_slice(files, IN_DRIVER_BRONZE_BYTES, max_rows=None)) == len(files)
 
 
 def _read_bronze_files(ids: Iterator, *, paths: list[str], task: Callable[[Iterator], Iterator],

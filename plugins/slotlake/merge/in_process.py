@@ -35,6 +35,7 @@ from typing import Any
 from slotlake import contracts, delta_log, failpoints, storage
 from slotlake.config import Config, SourceConfig
 from slotlake.contracts import COMMIT_TS_COL, DUP_COL, LSN_COL, STAGE_DDL_LOG, STAGE_DECODE
+from slotlake.decode.job import SLICE_MAX_ROWS
 from slotlake.decode.layouts import LayoutGroup
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
@@ -56,10 +57,11 @@ from slotlake.names import TableName
 
 log = logging.getLogger(__name__)
 
-MAX_CHANGES = 1_000_000
-"""Silver rows a run merges here at most, over all its tables (a batch of `spark.in_process_bytes` of bronze, 32 MB
-by default, holds ~500,000 pgbench changes; a table far behind silver, after failed runs, may have more): above it
-Spark merges. The batch is held in this process's memory (~570 MB peak RSS for 310,000 changes)."""
+MAX_CHANGES = SLICE_MAX_ROWS
+"""Silver rows a run merges here at most, over all its tables: a slice's (`decode.job.in_process_slice`: at most
+`SLICE_MAX_ROWS` bronze rows, each at most one change); a table far behind silver, after failed runs, may have more:
+then Spark merges. The batch is held in this process's memory (~650 MB peak RSS for a 1,000,000-change slice of
+tpcb-like pgbench)."""
 _PLAIN_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")  # names delta-rs's SQL predicates read unquoted, as they are
 _MS_US = 1_000  # Delta's time stamp statistics are cut to milliseconds
 
@@ -249,8 +251,8 @@ def _prepare(src: SourceConfig, paths: LakePaths, name: TableName, end: Lsn, fil
         t.unapplied = g.ud
     else:
         rows = _append_rows(plan, batch, numbered=True)
-        if _gold_may_hold(gold, plan, rows):
-            raise Declined(f"{name}: gold's files may hold one of the batch's rows")
+        if _gold_holds_any(gold, plan, rows):
+            raise Declined(f"{name}: gold holds one of the batch's rows (its copies are numbered after gold's)")
         t.source, t.append = rows, True
     return t
 
@@ -373,29 +375,89 @@ def _append_rows(plan: TablePlan, batch, *, numbered: bool):
     return pa.table(cols, names=names)
 
 
-def _gold_may_hold(gold: str, plan: TablePlan, rows) -> bool:
-    """Whether a gold file's statistics let it hold one of `rows` (FULL identity: the whole row): the batch's
-    range of a non-string column overlaps the file's on every such column. No file left: an append is exact."""
+MAX_GOLD_ROWS_CHECKED = 2_000_000
+"""Gold rows a FULL append's check reads at most (the files whose statistics overlap the batch): beyond, Spark
+merges."""
+
+
+def _gold_holds_any(gold: str, plan: TablePlan, rows) -> bool:
+    """Whether gold holds a row equal to one of `rows` on the table's columns (FULL identity: the whole row, NULLs
+    equal, as the MERGE's `<=>`): then the MERGE numbers the batch's copies after gold's, which an append does not.
+    Reads only the gold files whose statistics may hold one of the rows (`_files_that_may_hold`), as Spark's
+    append check reads only the files its data skipping leaves; Declined when they hold more than
+    `MAX_GOLD_ROWS_CHECKED` rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = _files_that_may_hold(gold, plan, rows)
+    if not files:
+        return False
+    if sum(n for _, n in files) > MAX_GOLD_ROWS_CHECKED:
+        raise Declined(f"{plan.shape.qualified}: more than {MAX_GOLD_ROWS_CHECKED:,} gold rows to check an append "
+                       "against")
+    cols = list(plan.shape.columns)
+    types = [rows.schema.field(c).type for c in cols]
+    folder = storage.local_path(gold)
+    parts = []
+    for path, _ in files:  # gold has no column mapping here: Parquet names are gold's; Spark's INT96 time stamps
+        f = pq.read_table(folder / path, coerce_int96_timestamp_unit="us")
+        parts.append(pa.table([f.column(c).cast(tp) if c in f.column_names else pa.nulls(f.num_rows, tp)
+                               for c, tp in zip(cols, types)], names=cols))  # a column added since: NULL there
+    return _equal_rows(rows.select(cols), pa.concat_tables(parts)).num_rows > 0
+
+
+def _equal_rows(left, right):
+    """The rows of `left` equal to some row of `right` (same columns and types), NULLs equal: each column is joined
+    as (its value with NULL filled, whether it is NULL)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def keyed(t):
+        cols, names = [], []
+        for i, c in enumerate(t.column_names):
+            v = t.column(c)
+            fill = pa.scalar("" if pa.types.is_string(v.type) else 0, pa.string() if pa.types.is_string(v.type)
+                             else pa.int64()).cast(v.type)
+            cols += [pc.fill_null(v, fill), pc.is_null(v)]
+            names += [f"v{i}", f"n{i}"]
+        return pa.table(cols, names=names)
+
+    a, b = keyed(left), keyed(right)
+    return a.join(b, keys=a.column_names, join_type="left semi")
+
+
+def _files_that_may_hold(gold: str, plan: TablePlan, rows) -> list[tuple[str, int]]:
+    """The gold files (path relative to the table, rows) whose statistics let them hold one of `rows` (FULL
+    identity: the whole row): the batch's range of a non-string column overlaps the file's on every such column
+    (all files when there is no such column)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     from deltalake import DeltaTable
 
     if not rows.num_rows:
-        return False
+        return []
     actions = pa.table(DeltaTable(gold).get_add_actions(flatten=True))
     if not actions.num_rows:
-        return False
+        return []
+
+    def chosen(mask) -> list[tuple[str, int]]:
+        picked = actions.filter(mask)
+        counts = picked.column("num_records").to_pylist() if "num_records" in picked.column_names \
+            else [None] * picked.num_rows
+        return [(p, MAX_GOLD_ROWS_CHECKED + 1 if n is None else int(n))
+                for p, n in zip(picked.column("path").to_pylist(), counts)]
+
     cols = [c for c in plan.shape.columns
             if not pa.types.is_string(rows.schema.field(c).type) and not pa.types.is_boolean(rows.schema.field(c).type)]
-    if not cols:
-        return True
     overlap = pa.array([True] * actions.num_rows)
+    if not cols:
+        return chosen(overlap)
     for c in cols:
         values = rows.column(c)
         lo, hi = pc.min(values), pc.max(values)
         has_nulls = values.null_count > 0
         if f"min.{c}" not in actions.column_names or f"max.{c}" not in actions.column_names:
-            return True
+            return chosen(pa.array([True] * actions.num_rows))
         fmin, fmax = actions.column(f"min.{c}"), actions.column(f"max.{c}")
         if pa.types.is_timestamp(fmax.type):  # statistics cut to milliseconds: a file's rows reach 1 ms past
             fmin, fmax = (x.cast(pa.timestamp("us")).cast(pa.int64()) for x in (fmin, fmax))
@@ -411,7 +473,7 @@ def _gold_may_hold(gold: str, plan: TablePlan, rows) -> bool:
             within = pc.or_(within, pa.array([True] * actions.num_rows) if nulls is None
                             else pc.fill_null(pc.greater(nulls, 0), True))
         overlap = pc.and_(overlap, within)
-    return bool(pc.any(overlap).as_py())
+    return chosen(overlap)
 
 
 def _commit(src: SourceConfig, t: _Table, end: Lsn) -> tuple[int, dict[str, int]]:
