@@ -102,6 +102,9 @@ def _child_sync(lake: str, dsn: str, out: mp.Queue) -> None:
     from slotlake.pipeline import sync
 
     logging.basicConfig(level=logging.WARNING, format="  %(message)s")
+    # what the in-process path did, and why it handed a slice to Spark
+    for name in ("slotlake.pipeline", "slotlake.decode.job", "slotlake.merge.in_process"):
+        logging.getLogger(name).setLevel(logging.INFO)
     cfg = _config(lake, dsn)
     with capture_stage_line() as found:
         report = sync(cfg, "bench")

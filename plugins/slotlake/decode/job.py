@@ -377,11 +377,11 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
                         ddl_events=ddl_events, warnings=tuple(warnings))
 
 
-SLICE_MAX_ROWS = 1_000_000
+SLICE_MAX_ROWS = 1_250_000
 """Bronze rows (pgoutput messages) one in-process slice holds at most, beside `spark.in_process_bytes`: the changes
 the in-process merge then holds are bounded too (`merge.in_process.MAX_CHANGES`; a 1,000,000-change slice peaked at
-~650 MB RSS). One extract call's file holds at most `extract.upto_nchanges` (1,000,000) rows unless a single
-transaction is bigger."""
+~650 MB RSS). One extract call's file holds `extract.upto_nchanges` (1,000,000) rows and the rest of the
+transaction that reached it, so a file of a busy OLTP stream fits; a bigger transaction's file goes to Spark."""
 
 
 def in_process_slice(files: list[BronzeFile], max_bytes: int,
@@ -427,8 +427,12 @@ def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult 
         watermark = delta_log.stage_end(paths.changes, STAGE_DECODE)
         if watermark is None:
             return None  # a silver table without a decode commit: `decode_watermark` asks Spark's history
-    todo = in_process_slice(pending_files(list_bronze(paths.root), watermark), max_bytes)
+    pending = pending_files(list_bronze(paths.root), watermark)
+    todo = in_process_slice(pending, max_bytes)
     if not todo:
+        if pending:
+            _declined(source, f"bronze file {pending[0].name} alone holds more than {max_bytes:,} bytes or "
+                      f"{SLICE_MAX_ROWS:,} rows")
         return None
     end = todo[-1].end_lsn
     # The bootstrap reads up to the batch's end, as `run_decode` applies them: one the catalog lacks is a change.
@@ -437,12 +441,15 @@ def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult 
     held = MAX_HELD_ROWS
     summary = _footer_summary(todo, held)
     if summary is None:
+        _declined(source, "a bronze file without the extract's frame summary")
         return None
     meta_rows = _catalog_rows(None, summary, todo)
     if any(r["kind"] == KIND_DDL for r in meta_rows):
+        _declined(source, "a DDL event")
         return None
     changed, _ = _update_catalog(None, paths.catalog, meta_rows, boots, source=source, end_lsn=end)
     if changed:
+        _declined(source, "a table definition `_catalog` does not hold yet")
         return None
     # Test-only failpoint, as `run_decode`'s (its catalog and DDL log have nothing to write here).
     failpoints.die_at(failpoints.DECODE_AFTER_CATALOG)
@@ -451,6 +458,10 @@ def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult 
     log.info("decode %s in this process: %d bronze files, %d changes, silver now at %s (%.1fs, %.0f rows/s)",
              source, len(todo), n, end, secs, n / secs if secs else 0)
     return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=end, catalog_versions_added=0)
+
+
+def _declined(source: str, why: str) -> None:
+    log.info("decode %s in this process declined (%s): Spark decodes", source, why)
 
 
 def _write_silver_directly(spark, files: list[BronzeFile], summary: BronzeSummary, held: int, changes_path: str,
