@@ -352,13 +352,16 @@ def main() -> None:
                 ext = timed_sync(lake, dsn)
                 steps = ext["steps"]
                 stages["preflight + extract"] = steps["preflight"] + steps["extract"]
-                if "spark" in steps:
-                    stages[f"decode ({where})"] = steps["spark"] - ext["merge"]  # what is left of the app's start
-                    stages[f"merge ({where})"] = ext["merge"]
+                if "spark" in steps:  # after the slices decoded (and merged) in the sync's process, if any
+                    mixed = f"in process + {where}" if steps.get("decode") else where
+                    # what is left of the app's start counts in the decode
+                    stages[f"decode ({mixed})"] = steps.get("decode", 0.0) + steps["spark"] - ext["merge"]
+                    stages[f"merge ({mixed})"] = steps.get("merge", 0.0) + ext["merge"]
                 else:  # decoded in the sync's process; merged there too, or by a Spark merge app
                     stages["decode (in process)"] = steps["decode"]
-                    stages["merge (in process)" if "merge" in steps else f"merge ({where})"] = \
-                        steps.get("merge", steps.get("merge (Spark)", 0.0))
+                    merged_by = "in process" if "merge (Spark)" not in steps else \
+                        f"in process + {where}" if "merge" in steps else where
+                    stages[f"merge ({merged_by})"] = steps.get("merge", 0.0) + steps.get("merge (Spark)", 0.0)
             bursts.append((bench_s, raw, ext, stages, decoded_rows(paths, silver_before), lsn_before))
         bench_s, raw, ext, stages, changes, lsn_before = bursts[-1]  # the replay re-applies the last burst
         replay_s = None

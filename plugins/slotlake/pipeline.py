@@ -283,7 +283,7 @@ def _sync_in_process(cfg: Config, source_name: str) -> dict[str, float] | None:
         return None
     from slotlake.decode.job import decode_in_process
 
-    steps = {"decode": 0.0, "merge": 0.0}
+    steps: dict[str, float] = {"decode": 0.0}
     slices = merged_slices = 0
     while True:
         t = time.monotonic()
@@ -295,7 +295,7 @@ def _sync_in_process(cfg: Config, source_name: str) -> dict[str, float] | None:
         merged = _merge_in_process(cfg, source_name)
         if merged is None:
             break  # an initial copy to load, or a batch Spark merges (logged why)
-        steps["merge"] += merged["merge"]
+        steps["merge"] = steps.get("merge", 0.0) + merged["merge"]
         merged_slices += 1
     if not slices:
         return None

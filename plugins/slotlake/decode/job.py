@@ -403,8 +403,8 @@ def in_process_slice(files: list[BronzeFile], max_bytes: int,
 
 
 def first_slice_fits(paths: LakePaths, max_bytes: int) -> bool:
-    """Whether the first bronze file past silver's decode watermark of a local lake holds at most `max_bytes` (the
-    first slice `decode_in_process` may take); True when no file is pending."""
+    """Whether the first bronze file past silver's decode watermark of a local lake holds at most `max_bytes` and
+    `SLICE_MAX_ROWS` rows (the first slice `decode_in_process` may take); True when no file is pending."""
     end = delta_log.stage_end(paths.changes, STAGE_DECODE) if delta_log.is_delta_table(paths.changes) else None
     todo = pending_files(list_bronze(paths.root), end)
     return not todo or bool(in_process_slice(todo[:1], max_bytes))
