@@ -180,8 +180,8 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
 def _create_tables(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text, n bigint)")
-        # FULL identity: a slice's rows are appended when gold's files cannot hold an equal row (their `t` ranges
-        # do not overlap the slice's, as pgbench_history's mtime)
+        # FULL identity: a slice's rows are appended when gold holds no equal row (gold's files whose ranges
+        # overlap the slice's are read to tell)
         conn.execute("CREATE TABLE hist (a int, b text, t timestamptz)")
         conn.execute("ALTER TABLE hist REPLICA IDENTITY FULL")
         conn.execute("CREATE TABLE events (k int, v text)")

@@ -56,9 +56,11 @@ def test_rows_equal_to_gold_rows_match_with_nulls_equal_and_nothing_else():
 
     ts = pa.timestamp("us", "UTC")
     batch = pa.table({"a": pa.array([1, None, 0, 2], pa.int32()), "b": pa.array(["x", None, "", None]),
-                      "t": pa.array([5, 6, 0, None], ts)})
+                      "t": pa.array([5, 6, 0, None], ts), "d": pa.array([1, None, 0, 3], pa.date32()),
+                      "ok": pa.array([True, None, False, None])})
     gold = pa.table({"a": pa.array([1, None, None, 2], pa.int32()), "b": pa.array(["x", None, None, "y"]),
-                     "t": pa.array([5, 6, None, None], ts)})
+                     "t": pa.array([5, 6, None, None], ts), "d": pa.array([1, None, None, 3], pa.date32()),
+                     "ok": pa.array([True, None, None, None])})
     assert sorted(_equal_rows(batch, gold).column("v0").to_pylist()) == [0, 1]  # rows 0 and 1 (a NULL -> 0)
-    assert _equal_rows(batch.slice(2), gold).num_rows == 0  # (0, "", epoch) is not (NULL, NULL, NULL)
+    assert _equal_rows(batch.slice(2), gold).num_rows == 0  # (0, "", epoch, epoch, false) is not all NULL
     assert _equal_rows(batch, gold.slice(0, 0)).num_rows == 0

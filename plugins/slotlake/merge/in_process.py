@@ -412,13 +412,16 @@ def _equal_rows(left, right):
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    def zero(tp):  # any value of the type: the NULL flag tells a filled NULL apart
+        if pa.types.is_string(tp):
+            return pa.scalar("")
+        return pa.scalar(0, pa.int32() if pa.types.is_date32(tp) else pa.int64()).cast(tp)
+
     def keyed(t):
         cols, names = [], []
         for i, c in enumerate(t.column_names):
             v = t.column(c)
-            fill = pa.scalar("" if pa.types.is_string(v.type) else 0, pa.string() if pa.types.is_string(v.type)
-                             else pa.int64()).cast(v.type)
-            cols += [pc.fill_null(v, fill), pc.is_null(v)]
+            cols += [pc.fill_null(v, zero(v.type)), pc.is_null(v)]
             names += [f"v{i}", f"n{i}"]
         return pa.table(cols, names=names)
 
