@@ -23,7 +23,8 @@ the baseline: `COPY (SELECT ... pg_logical_slot_peek_binary_changes ...) TO STDO
                         spark.server); with --auto-server, `spark.server: auto`: the first sync (the initial
                         copy) starts it; with --separate-apps, the extract, then a decode app and a merge app,
                         as the sync DAG's three tasks run them
-Then `slotlake replay --dest` of the same LSN range (a backfill's rate per change; `--no-replay` skips it).
+Then `slotlake replay --dest` of the same LSN range, and the same replay in place (a backfill's rate per change;
+`--no-replay` skips them): the replayed tables must equal gold row for row, and gold PostgreSQL, at the end.
 Then the fixed cost: an idle `sync` (nothing new since the last one) and a sync of ~1,000 row changes over the 4
 tables (250 tpcb-like transactions), each `--repeat` times as `.venv/bin/slotlake sync` in a new process
 (interpreter start and imports included), reported as the median and every run.
@@ -260,7 +261,7 @@ def main() -> None:
                          "warm driver's steady state (the first large batch after its start also compiles its code)")
     ap.add_argument("--repeat", type=int, default=3, help="idle and 1,000-change syncs to time (default 3)")
     ap.add_argument("--no-replay", dest="replay", action="store_false",
-                    help="skip timing `slotlake replay --dest` of the same range (a backfill's rate per change)")
+                    help="skip timing `slotlake replay` (--dest and in place) of the same range (a backfill's rate)")
     ap.add_argument("--separate-apps", action="store_true",
                     help="time the decode and the merge as two Spark apps, as the sync DAG's tasks run them "
                          "(default: one app that decodes then merges, as `slotlake sync` runs them)")
@@ -366,11 +367,16 @@ def main() -> None:
         bench_s, raw, ext, stages, changes, lsn_before = bursts[-1]  # the replay re-applies the last burst
         replay_s = None
         if args.replay:  # the same range again, as a backfill would: re-decoded and merged into a copy of gold
-            from slotlake.recover.replay import replay
+            from slotlake.recover.replay_run import replay
 
             t = time.perf_counter()
-            replay(cfg, "bench", lsn_before, _silver_end(paths), dest=str(Path(tmp) / "replayed"))
+            replayed = replay(cfg, "bench", lsn_before, _silver_end(paths), dest=str(Path(tmp) / "replayed"))
             replay_s = time.perf_counter() - t
+            replay_where = "in process" if replayed is not None else where
+            t = time.perf_counter()  # the same range in place: silver's rows re-derived, gold rebuilt to its end
+            replayed = replay(cfg, "bench", lsn_before, _silver_end(paths))
+            in_place_s = time.perf_counter() - t
+            in_place_where = "in process" if replayed is not None else where
         fixed = fixed_cost(cfg, pg, args.repeat, args.small_keys, args.scale)
         accounts = delta_log.latest_slotlake_commit(paths.gold("public", "pgbench_accounts"))
         stack.close()  # stops the Spark server, if any
@@ -397,7 +403,9 @@ def main() -> None:
         if replay_s is not None:
             print(f"{'replay --dest, same range':<24} {replay_s:>8.1f} {changes / replay_s:>11,.0f} "
                   f"{mb / replay_s:>7.2f}   slotlake replay bench --from {lsn_before} --to {_silver_end(paths)} "
-                  f"--dest DIR ({where})")
+                  f"--dest DIR ({replay_where})")
+            print(f"{'replay in place':<24} {in_place_s:>8.1f} {changes / in_place_s:>11,.0f} "
+                  f"{mb / in_place_s:>7.2f}   the same without --dest ({in_place_where})")
         if accounts is not None and args.repeat:  # what the last small sync did to the biggest table
             m = accounts.metrics
             print(f"last 1,000-change sync ({args.small_keys} accounts), pgbench_accounts ({args.scale * 100_000:,} "
@@ -418,6 +426,26 @@ def main() -> None:
         spark = get_spark("slotlake-bench-e2e", "local[2]", {"spark.sql.shuffle.partitions": "4"})
         for line in compare(spark, paths, dsn):
             print(f"gold == PostgreSQL: {line}", flush=True)
+        if replay_s is not None:  # the replayed range ends at silver's end: the same rows as gold
+            for line in same_rows(paths, Path(tmp) / "replayed"):
+                print(f"replay --dest == gold: {line}", flush=True)
+
+
+def same_rows(paths, dest: Path) -> list[str]:
+    """Each gold table's rows (`_slotlake_` columns included, read with delta-rs) equal the replayed table's; raises
+    on a difference."""
+    import collections
+
+    from deltalake import DeltaTable
+
+    out = []
+    for schema, table in delta_log.gold_tables(paths.root):
+        rows = [collections.Counter(tuple(sorted(r.items())) for r in DeltaTable(str(p)).to_pyarrow_table().to_pylist())
+                for p in (paths.gold(schema, table), dest / schema / table)]
+        if rows[0] != rows[1]:
+            raise SystemExit(f"replay --dest differs from gold for {schema}.{table}")
+        out.append(f"{schema}.{table}: {sum(rows[0].values())} rows equal")
+    return out
 
 
 if __name__ == "__main__":

@@ -22,21 +22,24 @@ APP_FAILPOINTS = frozenset({failpoints.DECODE_AFTER_CATALOG, failpoints.MERGE_AF
 _LAUNCH = re.compile(r"(?:submitting|running) slotlake-(\w+)-")
 
 
-def cli_env(failpoint: str | None = None) -> dict[str, str]:
-    """This process's environment for a `slotlake` child, with `failpoint` set (or none)."""
+def cli_env(failpoint: str | None = None, server: bool = True) -> dict[str, str]:
+    """This process's environment for a `slotlake` child, with `failpoint` set (or none); without the test worker's
+    Spark server when not `server` (its Spark apps are spark-submits)."""
     env = {k: v for k, v in os.environ.items() if k != failpoints.ENV}
     if failpoint:
         env[failpoints.ENV] = failpoint
         if failpoint in APP_FAILPOINTS:
             env.pop(SPARK_SERVER_ENV, None)
+    if not server:
+        env.pop(SPARK_SERVER_ENV, None)
     return env
 
 
-def slotlake(cfg: Path | str, *args: str, failpoint: str | None = None,
+def slotlake(cfg: Path | str, *args: str, failpoint: str | None = None, server: bool = True,
              timeout: float = 1800) -> subprocess.CompletedProcess[str]:
     """`slotlake --config CFG ARGS...` in a new process; its result whatever the exit code."""
     return subprocess.run([SLOTLAKE, "--config", str(cfg), *args], capture_output=True, text=True,
-                          timeout=timeout, env=cli_env(failpoint), check=False)
+                          timeout=timeout, env=cli_env(failpoint, server), check=False)
 
 
 def launched_apps(log: str) -> list[str]:

@@ -105,7 +105,7 @@ def _replay_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_replay(cfg: Config, args: argparse.Namespace) -> int:
-    from slotlake.recover.replay import replay
+    from slotlake.recover.replay_run import replay
 
     replay(cfg, args.source, args.from_, args.to, args.tables, args.dest)
     return 0

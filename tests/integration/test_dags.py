@@ -103,7 +103,10 @@ def test_dag_shape_schedule_and_spark_submit(airflow_home, tmp_path):
         python = Path(t["env"]["PYSPARK_PYTHON"])  # this venv's interpreter (python or python3)
         assert python.parent == ROOT / ".venv" / "bin" and python.name.startswith("python")
         assert t["conn_id"] == "slotlake_spark"
+    assert bag["dags"]["slotlake_replay__shop"]["order"] == ["gate", "in_process", "replay"]
     replay = bag["dags"]["slotlake_replay__shop"]["tasks"]["replay"]
+    here = bag["dags"]["slotlake_replay__shop"]["tasks"]["in_process"]
+    assert here["type"] == "PythonOperator" and here["op_args"] == replay["args"], here  # the same rendered args
     assert replay["type"] == "SparkSubmitOperator"
     assert replay["application"] == str(ROOT / "plugins" / "slotlake" / "spark_apps" / "replay.py")
     assert replay["args"][:4] == ["--config", str(cfg.resolve()), "--source", "shop"]

@@ -75,14 +75,15 @@ def check(tmp_path: Path, dsn: str) -> None:
 def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text, n bigint, ok boolean, d date, "
-                     "ts timestamptz, tl timestamp, s smallint, big text)")
-        conn.execute("CREATE TABLE hist (a int, b text, t timestamptz)")
+                     "ts timestamptz, tl timestamp, s smallint, big text, price numeric(10,2) DEFAULT 9.99, "
+                     "amount numeric)")
+        conn.execute("CREATE TABLE hist (a int, b text, t timestamptz, v numeric(6,3))")
         conn.execute("ALTER TABLE hist REPLICA IDENTITY FULL")
         conn.execute("CREATE TABLE events (k int, v text)")
         conn.execute("ALTER TABLE events REPLICA IDENTITY NOTHING")
         conn.execute("INSERT INTO items SELECT g, 'n' || g, g * 1000000000::bigint, g % 2 = 0, DATE '2024-01-01' + g, "
                      "TIMESTAMPTZ '2024-01-01 00:00:00+00' + g * interval '1.5 s', TIMESTAMP '2023-06-01 12:00:00' "
-                     "+ g * interval '1 ms', g, NULL FROM generate_series(1, 200) g")
+                     "+ g * interval '1 ms', g, NULL, g * 1.25, g * 1.5 FROM generate_series(1, 200) g")
         conn.execute("INSERT INTO hist VALUES (0, 'seed', '2024-01-01')")
         conn.execute("INSERT INTO events VALUES (0, 'seed')")
     spark_cfg = write_config(tmp_path / "slotlake.yaml", pg_db)
@@ -109,12 +110,18 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
         for _ in range(30):
             conn.execute("UPDATE items SET n = n + 1, ts = ts + interval '1 us' WHERE id = 7")
         conn.execute("UPDATE items SET name = 'u' || id, ok = NOT ok, d = d + 1 WHERE id % 10 = 3")
+        # decimals: the widest numeric(10,2), an unconstrained numeric with 18 fraction digits and one with 20
+        # integer digits, negatives, NULL
+        conn.execute("UPDATE items SET price = 99999999.99, amount = 12345678901234567890.000000000000000001 "
+                     "WHERE id = 8")
+        conn.execute("UPDATE items SET price = -0.01, amount = -0.5 WHERE id = 9")
+        conn.execute("UPDATE items SET price = NULL, amount = NULL WHERE id = 10")
         conn.execute("DELETE FROM items WHERE id % 25 = 0")
         conn.execute("INSERT INTO items VALUES (2000, 'gone', 1, true, '2024-05-05', '2024-05-05 01:02:03.456789+00',"
                      " '2024-05-05 01:02:03.000001', -32768, 'x')")
         conn.execute("DELETE FROM items WHERE id = 2000")
         conn.execute("INSERT INTO hist VALUES (1, 'x', '2024-02-01'), (1, 'x', '2024-02-01'), (2, NULL, NULL)")
-        conn.execute("INSERT INTO hist VALUES (1, 'x', '2024-02-01'), (3, 'z', '2024-02-03 04:05:06.7+00')")
+        conn.execute("INSERT INTO hist VALUES (1, 'x', '2024-02-01', NULL), (3, 'z', '2024-02-03 04:05:06.7+00', -1.5)")
         conn.execute("INSERT INTO events VALUES (1, 'a'), (1, 'a'), (2, NULL)")
     report, log = sync(cfg, IN_PROCESS)
     assert report["spark_skipped"] is False
@@ -124,7 +131,7 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
     merged = {m["table"]: m for m in report["merged"]}
     # id 1000 is inserted, then deleted with every 25th id; 2000 inserted and deleted: neither reaches gold
     assert (merged["public.items"]["deleted"], merged["public.items"]["inserted"]) == (8, 0), merged
-    assert merged["public.items"]["updated"] == 21, merged  # id 7 and the 20 ids ending in 3
+    assert merged["public.items"]["updated"] == 24, merged  # ids 7 to 10 and the 20 ids ending in 3
     assert merged["public.hist"]["inserted"] == 5 and merged["public.events"]["inserted"] == 3, merged
     report, log = sync(spark_cfg, SPARK)
     assert launched_apps(log) == ["sync"], log[-3000:]
@@ -155,6 +162,7 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
         "UPDATE items SET id = 5000 WHERE id = 11",  # a key change
         "UPDATE items SET name = 'toast' WHERE id = 12",  # unchanged TOAST (big is stored out of line)
         "INSERT INTO items (id, ts) VALUES (3000, 'infinity')",  # a value Spark quarantines
+        "UPDATE items SET amount = 'NaN' WHERE id = 13",  # a numeric no decimal holds: Spark quarantines it
         "DELETE FROM hist WHERE a = 1",  # a FULL table's delete
     ]
     with psycopg.connect(pg_db, autocommit=True) as conn:
@@ -169,9 +177,13 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
         assert "merge inproc in this process declined" in log, (statement, log[-3000:])
         assert launched_apps(log) == ["merge"], (statement, log[-3000:])
         sync(spark_cfg, SPARK)
-        if statement.startswith("INSERT INTO items (id, ts)"):
+        fix = {"INSERT INTO items (id, ts)": "UPDATE items SET ts = NULL WHERE id = 3000",
+               "UPDATE items SET amount = 'NaN'": "UPDATE items SET amount = NULL WHERE id = 13"}
+        for start, undo in fix.items():
+            if not statement.startswith(start):
+                continue
             with psycopg.connect(pg_db, autocommit=True) as conn:  # quarantined in both: gold has NULL there
-                conn.execute("UPDATE items SET ts = NULL WHERE id = 3000")
+                conn.execute(undo)
             sync(cfg, IN_PROCESS)
             sync(spark_cfg, SPARK)
         check(tmp_path, pg_db)
@@ -182,7 +194,7 @@ def _create_tables(dsn: str) -> None:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text, n bigint)")
         # FULL identity: a slice's rows are appended when gold holds no equal row (gold's files whose ranges
         # overlap the slice's are read to tell)
-        conn.execute("CREATE TABLE hist (a int, b text, t timestamptz)")
+        conn.execute("CREATE TABLE hist (a int, b text, t timestamptz, v numeric(6,3))")
         conn.execute("ALTER TABLE hist REPLICA IDENTITY FULL")
         conn.execute("CREATE TABLE events (k int, v text)")
         conn.execute("ALTER TABLE events REPLICA IDENTITY NOTHING")

@@ -82,3 +82,49 @@ def test_list_bootstrap_reads_placed_files_only(tmp_path):
     (folder / f"{Lsn(0x1A2B3D).hex16}.json").write_text(json.dumps({"format": 1, "lsn": str(lsn), "tables": []}))
     with pytest.raises(DecodeError, match="does not match its name"):
         list_bootstrap(root)
+
+
+def test_an_in_place_replay_replaces_whole_silver_files_and_whole_bronze_files():
+    """`replay_in_process._whole_files`: (after, to] widened until every silver file lies inside or outside it and
+    its end is a bronze file's end; the files inside are the ones replaced."""
+    import pytest
+
+    from slotlake.merge.silver_stats import SilverFileStats
+    from slotlake.recover.replay_in_process import _Declined, _whole_files
+
+    def f(path: str, e_min: int | None, e_max: int | None) -> SilverFileStats:  # (commit end LSNs e_min..e_max)
+        return SilverFileStats("public", "public", "t", "t", commit_lsn_min=None, commit_end_lsn_max=e_max,
+                               path=path, commit_end_lsn_min=e_min)
+
+    bronze_ends = [100, 200, 300, 400]  # files (0, 100], (100, 200], ...
+    # silver files of slices (0, 200] and (200, 400], and one of (200, 300] of another table
+    stats = [f("a", 10, 190), f("b", 210, 390), f("c", 220, 290)]
+    assert _whole_files(stats, bronze_ends, 200, 400) == (200, 400, ["b", "c"])  # aligned: as asked
+    assert _whole_files(stats, bronze_ends, 200, 250) == (200, 400, ["b", "c"])  # to inside b: up to b's file end
+    assert _whole_files(stats, bronze_ends, 150, 250) == (9, 400, ["a", "b", "c"])  # after inside a: from a's start
+    assert _whole_files(stats, bronze_ends, 0, 50) == (0, 200, ["a"])
+    with pytest.raises(_Declined, match="past the last decoded bronze file"):
+        _whole_files(stats, bronze_ends, 200, 450)
+    with pytest.raises(_Declined, match="without commit LSN statistics"):
+        _whole_files([*stats, f("d", None, 300)], bronze_ends, 200, 400)
+
+
+def test_an_in_place_replay_merges_silver_up_to_points_no_silver_file_straddles():
+    """`replay_in_process._merge_ends`: each merge of an in-place replay ends where no silver file holds changes
+    on both sides (by commit LSN and by commit end LSN), about a slice of bronze apart."""
+    from slotlake.merge.silver_stats import SilverFileStats
+    from slotlake.recover.replay_in_process import _merge_ends
+
+    def f(lsn: tuple[int, int], end: tuple[int, int]) -> SilverFileStats:
+        return SilverFileStats("public", "public", "t", "t", commit_lsn_min=lsn[0], commit_end_lsn_max=end[1],
+                               commit_lsn_max=lsn[1], commit_end_lsn_min=end[0])
+
+    bronze = [(100, 10, 100), (200, 10, 100), (300, 10, 100), (400, 10, 100)]  # (end LSN, bytes, rows)
+    stats = [f((5, 190), (10, 200)), f((205, 390), (220, 400))]  # two sync slices: (0, 200] and (200, 400]
+    assert _merge_ends(stats, bronze, 0, 400, 1 << 20, 1_000) == [400]
+    assert _merge_ends(stats, bronze, 0, 400, 1 << 20, 250) == [200, 400]  # 300 cuts through the second file
+    assert _merge_ends(stats, bronze, 0, 400, 1 << 20, 50) == [200, 400]  # over the budget: the nearest point
+    assert _merge_ends(stats, bronze, 0, 400, 25, 1_000) == [200, 400]  # bytes count too
+    assert _merge_ends([f((5, 90), (10, 100)), *stats[1:]], bronze, 0, 400, 1 << 20, 150) == [100, 200, 400]
+    assert _merge_ends(stats, bronze, 200, 400, 1 << 20, 1_000) == [400]
+    assert _merge_ends(stats, bronze, 400, 400, 1 << 20, 1_000) == []

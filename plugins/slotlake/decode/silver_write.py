@@ -239,6 +239,28 @@ def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str
     return True
 
 
+def replace_files(changes_path: str, files: Sequence[Mapping[str, Any]], removed: Sequence[str], *,
+                  user_metadata: str) -> None:
+    """One Delta commit of the existing silver table at `changes_path` that adds `files` (written into its folder,
+    as `commit` takes them) and removes the files `removed` (paths relative to the table): an in-place
+    replay's re-decoded rows in place of the ones they re-derive. No idempotent-write transaction (a second
+    replay rewrites the same rows)."""
+    from deltalake import DeltaTable
+    from deltalake.transaction import AddAction, CommitProperties, RemoveAction
+
+    now = int(time.time() * 1000)
+    actions: list[AddAction | RemoveAction] = [AddAction(f["path"], int(f["size"]), {}, now, True, f["stats"])
+                                               for f in files]
+    actions += [RemoveAction(path, True, now) for path in removed]
+    rows = sum(int(f["rows"]) for f in files)
+    props = CommitProperties(custom_metadata={
+        "userMetadata": user_metadata,
+        "operationMetrics": {"numFiles": str(len(files)), "numOutputRows": str(rows),
+                             "numRemovedFiles": str(len(removed))}})
+    table = DeltaTable(changes_path)
+    table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=props)
+
+
 def _holds_silver(table: Any) -> bool:
     """Whether a delta-rs table has silver's columns (its schema is arro3's: read as pyarrow's)."""
     import pyarrow as pa

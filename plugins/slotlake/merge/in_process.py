@@ -26,9 +26,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from functools import partial
 from typing import Any
 
@@ -40,7 +41,7 @@ from slotlake.decode.layouts import LayoutGroup
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
-from slotlake.merge.arrow_values import ARROW_TYPES, DELTA_TYPES, typed_array
+from slotlake.merge.arrow_values import ARROW_TYPES, delta_type, typed_array
 from slotlake.merge.plan import (
     COLUMN_MAPPING,
     DELETION_VECTORS,
@@ -89,7 +90,7 @@ def merge_in_process(cfg: Config, source: str):
     module writes exactly (module doc); else None, nothing written, and the reason logged. Returns the run's
     `job.MergeReport` (the same one the Spark merge returns). The caller has checked that every complete initial
     copy is in gold (`load_snapshots` is Spark's)."""
-    from slotlake.merge.job import MergeReport, TableMergeResult, _append_runs_directly, _last_complete_run
+    from slotlake.merge.job import MergeReport, _append_runs_directly, _last_complete_run
     from slotlake.merge.watermarks import runs_tables_at, silver_file_stats
 
     src = cfg.source(source)
@@ -108,15 +109,71 @@ def merge_in_process(cfg: Config, source: str):
         ddl_end = delta_log.stage_end(paths.ddl_log, STAGE_DDL_LOG) if delta_log.is_delta_table(paths.ddl_log) \
             else None
         started = datetime.now(UTC)
-        tables: list[_Table] = []
-        for name in names:
-            tables.append(_prepare(src, paths, name, end, files, ddl_end, MAX_CHANGES - sum(t.n for t in tables)))
+        tables = _prepare_all(src, paths.changes, names, paths.gold, end, files,
+                              lambda mark: ddl_end is not None and ddl_end > mark)
         present = runs_tables_at(paths.runs, end)
         if present is None:
             raise Declined("`_runs` cannot be read with delta-rs")
     except Declined as why:
         log.info("merge %s in this process declined (%s): Spark merges", source, why)
         return None
+    results = _commit_all(src, tables, end, started)
+    report = MergeReport(source, end, tuple(results))
+    if not delta_log.is_delta_table(paths.runs):
+        _create_runs(paths.runs)  # the first run with changes (as `record_runs`' `ensure_table` creates it)
+    finished = datetime.now(UTC)
+    missing = [(int(end), r.schema_name, r.table_name, r.gold_version, finished, r.started_at, r.changes,
+                r.last_commit_ts) for r in results if (r.schema_name, r.table_name) not in present]
+    if missing:
+        if not _append_runs_directly(paths.runs, missing, end, stage_metadata(end, contracts.STAGE_RUNS)):
+            log.info("merge %s: `_runs` not appended to in this process; Spark's merge records the run", source)
+            return None
+    elif delta_log.stage_end(paths.runs, contracts.STAGE_RUNS) != end:
+        log.info("merge %s: the run's rows are in `_runs` but not its mark; Spark's merge records it", source)
+        return None
+    log.info("%s (in this process, without Spark)", report.summary())
+    return report
+
+
+def merge_into(cfg: Config, source: str, changes_path: str, names: Sequence[TableName],
+               gold_of: Callable[[str, str], str], end: Lsn, ddl_events: Callable[[Lsn, Lsn], bool]):
+    """A replay's merge without Spark (`run_merge` with `silver_path`, `gold_path_for` and `end_lsn`): the changes
+    of the silver-shaped table `changes_path` up to `end` into each of `names`' tables at `gold_of(schema, table)`
+    (which exist, holding a watermark), each from its own watermark; `_runs` is not written. `ddl_events(mark,
+    end)`: whether a DDL event lies in (mark, end] (then that table declines). The `job.MergeReport`, or None when
+    a table's batch is not one this module writes exactly (nothing written; the reason logged)."""
+    from slotlake.merge.job import MergeReport
+    from slotlake.merge.watermarks import silver_file_stats
+
+    src = cfg.source(source)
+    try:
+        files = silver_file_stats(changes_path)
+        if files is None:
+            raise Declined(f"the file statistics of {changes_path} cannot be read")
+        started = datetime.now(UTC)
+        tables = _prepare_all(src, changes_path, names, gold_of, end, files, lambda mark: ddl_events(mark, end))
+    except Declined as why:
+        log.info("merge %s into %s in this process declined (%s)", source, changes_path, why)
+        return None
+    return MergeReport(source, end, tuple(_commit_all(src, tables, end, started)))
+
+
+def _prepare_all(src: SourceConfig, changes_path: str, names: Sequence[TableName],
+                 gold_of: Callable[[str, str], str], end: Lsn, files: Sequence[SilverFileStats],
+                 ddl_since: Callable[[Lsn], bool]) -> list[_Table]:
+    """Every table's commit prepared (`_prepare`), within `MAX_CHANGES` in all; Declined before anything is
+    written."""
+    tables: list[_Table] = []
+    for name in names:
+        tables.append(_prepare(src, changes_path, name, gold_of(name.schema, name.name), end, files, ddl_since,
+                               MAX_CHANGES - sum(t.n for t in tables)))
+    return tables
+
+
+def _commit_all(src: SourceConfig, tables: Sequence[_Table], end: Lsn, started: datetime) -> list:
+    """Each prepared table's commit, in order; their `job.TableMergeResult`s."""
+    from slotlake.merge.job import TableMergeResult
+
     results = []
     for t in tables:
         if t.up_to_date or t.plan is None:
@@ -138,21 +195,7 @@ def merge_in_process(cfg: Config, source: str):
                         "up to %s cannot be applied", t.name, t.unapplied, end)
         # Test-only failpoint, as the Spark merge's: the process dies after the first table's commit.
         failpoints.die_at(failpoints.MERGE_AFTER_FIRST_TABLE)
-    report = MergeReport(source, end, tuple(results))
-    if not delta_log.is_delta_table(paths.runs):
-        _create_runs(paths.runs)  # the first run with changes (as `record_runs`' `ensure_table` creates it)
-    finished = datetime.now(UTC)
-    missing = [(int(end), r.schema_name, r.table_name, r.gold_version, finished, r.started_at, r.changes,
-                r.last_commit_ts) for r in results if (r.schema_name, r.table_name) not in present]
-    if missing:
-        if not _append_runs_directly(paths.runs, missing, end, stage_metadata(end, contracts.STAGE_RUNS)):
-            log.info("merge %s: `_runs` not appended to in this process; Spark's merge records the run", source)
-            return None
-    elif delta_log.stage_end(paths.runs, contracts.STAGE_RUNS) != end:
-        log.info("merge %s: the run's rows are in `_runs` but not its mark; Spark's merge records it", source)
-        return None
-    log.info("%s (in this process, without Spark)", report.summary())
-    return report
+    return results
 
 
 def _create_runs(path: str) -> None:
@@ -178,15 +221,14 @@ def _table_names(src: SourceConfig, files: Sequence[SilverFileStats], since: Lsn
     return sorted(t for t in found if src.syncs(str(t)))
 
 
-def _prepare(src: SourceConfig, paths: LakePaths, name: TableName, end: Lsn, files: Sequence[SilverFileStats],
-             ddl_end: Lsn | None, budget: int) -> _Table:
+def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, end: Lsn,
+             files: Sequence[SilverFileStats], ddl_since: Callable[[Lsn], bool], budget: int) -> _Table:
     """Everything the table's commit needs, or Declined (nothing is written before every table is prepared); at
     most `budget` changes (the run's `MAX_CHANGES` left)."""
     from slotlake.merge.job import _footer_groups
     from slotlake.merge.watermarks import _local_delta_state, local_files
     from slotlake.source.copies import SNAPSHOT_PROPERTY
 
-    gold = paths.gold(name.schema, name.name)
     state = _local_delta_state(gold)
     if state is None or state.version is None:
         raise Declined(f"{name} has no gold table readable here")
@@ -200,9 +242,9 @@ def _prepare(src: SourceConfig, paths: LakePaths, name: TableName, end: Lsn, fil
         return t
     if mark is None:
         raise Declined(f"{name}'s gold has no watermark")
-    if ddl_end is not None and ddl_end > mark:
+    if ddl_since(mark):
         raise Declined(f"a DDL event since {name}'s watermark")
-    groups: list[LayoutGroup] | None = _footer_groups(paths.changes, files, name, mark, end)
+    groups: list[LayoutGroup] | None = _footer_groups(changes_path, files, name, mark, end)
     if groups is None:
         raise Declined(f"{name}'s silver files have no layout summary")
     t.n = sum(g.n for g in groups)
@@ -239,7 +281,7 @@ def _prepare(src: SourceConfig, paths: LakePaths, name: TableName, end: Lsn, fil
         raise Declined(f"{name}: FULL identity with updates or deletes")
     _check_gold_schema(gold, plan)
     chosen = files_to_read(files, name, after, int(end))
-    local = local_files(paths.changes, chosen) if chosen else None
+    local = local_files(changes_path, chosen) if chosen else None
     if not local or files_of(files, name, after, int(end)) is None:
         raise Declined(f"{name}'s silver files are not all local and wholly in the window")
     batch = _read_batch(local, name, after, int(end))
@@ -260,7 +302,7 @@ def _prepare(src: SourceConfig, paths: LakePaths, name: TableName, end: Lsn, fil
 def _check_gold_schema(gold: str, plan: TablePlan) -> None:
     from deltalake import DeltaTable
 
-    want = [(f.name, DELTA_TYPES.get(f.type)) for f in plan.gold_schema]
+    want = [(f.name, delta_type(f.type)) for f in plan.gold_schema]
     if any(tp is None for _, tp in want) or not all(_PLAIN_NAME.match(n) for n, _ in want):
         raise Declined(f"{plan.shape.qualified}: a column type or name this merge does not handle")
     have = [(f.name, getattr(f.type, "type", None)) for f in DeltaTable(gold).schema().fields]
@@ -415,6 +457,8 @@ def _equal_rows(left, right):
     def zero(tp):  # any value of the type: the NULL flag tells a filled NULL apart
         if pa.types.is_string(tp):
             return pa.scalar("")
+        if pa.types.is_decimal(tp):  # (an int64 0 casts only to a decimal of 19 integer digits or more)
+            return pa.scalar(Decimal(0), tp)
         return pa.scalar(0, pa.int32() if pa.types.is_date32(tp) else pa.int64()).cast(tp)
 
     def keyed(t):
@@ -450,8 +494,9 @@ def _files_that_may_hold(gold: str, plan: TablePlan, rows) -> list[tuple[str, in
         return [(p, MAX_GOLD_ROWS_CHECKED + 1 if n is None else int(n))
                 for p, n in zip(picked.column("path").to_pylist(), counts)]
 
-    cols = [c for c in plan.shape.columns
-            if not pa.types.is_string(rows.schema.field(c).type) and not pa.types.is_boolean(rows.schema.field(c).type)]
+    cols = [c for c in plan.shape.columns  # (decimals: their statistics' type varies; a file is kept for them)
+            if not any(f(rows.schema.field(c).type) for f in (pa.types.is_string, pa.types.is_boolean,
+                                                              pa.types.is_decimal))]
     overlap = pa.array([True] * actions.num_rows)
     if not cols:
         return chosen(overlap)

@@ -5,8 +5,10 @@
 X and Y are LSNs (`16/B374D848`) or ISO timestamps (UTC when they carry no zone). A timestamp T stands for the
 last commit before it: the greatest silver `commit_lsn` whose `commit_ts < T`, so `--from A --to B` covers the
 commits with `A <= commit_ts < B` (an Airflow data interval). The work runs in the Spark app
-`spark_apps/replay.py` (`slotlake.recover.replay_job.run_replay`); this module parses the points and submits it,
-the same way from the CLI and (with templated arguments) from the `slotlake_replay__<source>` DAG.
+`spark_apps/replay.py` (`slotlake.recover.replay_job.run_replay`), or for a `--dest` replay it can do exactly in the
+caller's process without a JVM (`slotlake.recover.replay_in_process`; `slotlake.recover.replay_run.replay` chooses);
+this module parses the points, the same way for the CLI and (with templated arguments) the
+`slotlake_replay__<source>` DAG.
 
 - `--dest PATH`: `<PATH>/<schema>/<table>` becomes a new Delta table holding the table's state at Y: gold as of
   the greatest recorded end LSN R <= X (time travel; empty when there is none), plus the changes with
@@ -17,14 +19,12 @@ the same way from the CLI and (with templated arguments) from the `slotlake_repl
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from slotlake.config import Config
 from slotlake.errors import ConfigError
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
@@ -93,22 +93,3 @@ def request(source: str, from_: str, to: str, tables: Sequence[str] | None = Non
         raise ConfigError(f"--from {from_} is after --to {to}; swap them")
     names = tuple(parse_table(n) for n in tables) if tables else None
     return ReplayRequest(source=source, from_=f, to=t, tables=names, dest=dest.strip() if dest else None)
-
-
-def replay(cfg: Config, source: str, from_: str, to: str, tables: Sequence[str] | None = None,
-           dest: str | None = None) -> ReplayRequest:
-    """Run the replay Spark app for `source` (spark-submit, as every slotlake stage); raises on failure.
-
-    An in-place replay rewrites silver and gold, so it holds the source's run lock (`slotlake.source.lock`); a
-    `--dest` replay only reads the lake and runs alongside syncs."""
-    from contextlib import nullcontext
-
-    from slotlake.source.lock import source_lock
-    from slotlake.spark.submit import run_spark_app, spark_app
-
-    req = request(source, from_, to, tables, dest)
-    cfg.source(source)
-    app = spark_app(cfg, source, "replay")  # spark_apps/replay.py
-    with source_lock(cfg.source(source), "replay") if req.dest is None else nullcontext():
-        run_spark_app(dataclasses.replace(app, args=(*app.args, *req.args())))
-    return req

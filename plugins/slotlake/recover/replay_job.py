@@ -154,13 +154,14 @@ def _delete_path(spark, path: str) -> None:
     p.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration()).delete(p, True)
 
 
-def _meta(end: Lsn, stage: str, req: ReplayRequest, frm: Lsn, to: Lsn) -> str:
+def replay_meta(end: Lsn, stage: str, req: ReplayRequest, frm: Lsn, to: Lsn) -> str:
+    """A replay's commit metadata: the stage's watermark `end`, and the range replayed (resolved and as asked)."""
     return CommitMeta(stage, end, {"replay": {"from": str(frm), "to": str(to),
                                               "asked": [format_point(req.from_), format_point(req.to)]}}).json()
 
 
-def _tables(spark, cfg: Config, req: ReplayRequest, scratch_changes: str | None,
-            runs: RecordedRuns) -> list[tuple[str, str]]:
+def tables_to_rebuild(spark, cfg: Config, req: ReplayRequest, scratch_changes: str | None,
+                      runs: RecordedRuns) -> list[tuple[str, str]]:
     """The tables to rebuild: those asked, else the config's list, else those `_runs` names and those with changes
     in `scratch_changes` (None: before the re-decode, `_runs`'s alone)."""
     if req.tables:
@@ -199,6 +200,23 @@ def build_states(spark, cfg: Config, source: str, bases: dict[tuple[str, str], t
                   gold_path_for=target_of, end_lsn=end)
 
 
+def check_range(req: ReplayRequest, paths: LakePaths, frm: Lsn, to: Lsn, silver_end: Lsn) -> None:
+    """ReplayError unless (frm, to] is a range this replay can rebuild: in order, archived in bronze, and (in place)
+    decoded in silver."""
+    source = req.source
+    # Bronze covers every commit up to `covered`: its last file's end, or further where an extract found
+    # nothing more and recorded how far it looked (a coverage marker).
+    covered = covered_lsn(paths.root)
+    if frm > to:
+        raise ReplayError(f"replay {source}: --from resolves to {frm}, after --to ({to})")
+    if covered is None or to > covered:
+        raise ReplayError(f"replay {source}: --to {format_point(req.to)} ({to}) is past what bronze holds "
+                          f"({covered}); run `slotlake sync {source}` first or choose an earlier --to")
+    if req.dest is None and to > silver_end and silver_end != max_archived_end(paths.root):
+        # (silver at bronze's last file: every commit up to `covered` is decoded)
+        raise ReplayError(f"replay {source}: --to {to} is past silver ({silver_end}); decode first (slotlake sync)")
+
+
 def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
     """Replay `req` (see slotlake.recover.replay). Raises ReplayError when the range is not archived/decoded."""
     from delta.tables import DeltaTable
@@ -211,29 +229,19 @@ def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
     if silver_end is None:
         raise ReplayError(f"replay {source}: nothing is decoded yet ({paths.changes}); run `slotlake sync {source}`")
     frm, to = resolve(spark, paths.changes, req.from_), resolve(spark, paths.changes, req.to)
-    # Bronze covers every commit up to `covered`: its last file's end, or further where an extract found
-    # nothing more and recorded how far it looked (a coverage marker).
-    covered = covered_lsn(paths.root)
-    if frm > to:
-        raise ReplayError(f"replay {source}: --from resolves to {frm}, after --to ({to})")
-    if covered is None or to > covered:
-        raise ReplayError(f"replay {source}: --to {format_point(req.to)} ({to}) is past what bronze holds "
-                          f"({covered}); run `slotlake sync {source}` first or choose an earlier --to")
-    if req.dest is None and to > silver_end and silver_end != max_archived_end(paths.root):
-        # (silver at bronze's last file: every commit up to `covered` is decoded)
-        raise ReplayError(f"replay {source}: --to {to} is past silver ({silver_end}); decode first (slotlake sync)")
+    check_range(req, paths, frm, to, silver_end)
     scratch = paths.scratch("replay")
     scratch_changes = f"{scratch}/changes"
     every = not req.tables and not cfg.source(source).tables
     try:
         runs = recorded_runs(spark, paths.runs)  # every table's recorded ends, in one read of `_runs`
-        names = _tables(spark, cfg, req, None, runs)
+        names = tables_to_rebuild(spark, cfg, req, None, runs)
         bases = {(s, t): base_at(recorded_ends(spark, runs, paths.gold(s, t), s, t), frm) for s, t in names}
         # Re-decode from the earliest base (from the start of bronze if a table has none).
         after = min((b[0] for b in bases.values() if b), default=None) if all(bases.values()) else None
         decoded = decode_range(spark, cfg, source, after, to, scratch_changes)
         if every:
-            extra = [n for n in _tables(spark, cfg, req, scratch_changes, runs) if n not in bases]
+            extra = [n for n in tables_to_rebuild(spark, cfg, req, scratch_changes, runs) if n not in bases]
             if extra:  # tables no run recorded yet: built from the first archived change
                 bases.update({n: None for n in extra})
                 if after is not None:
@@ -256,7 +264,7 @@ def run_replay(spark, cfg: Config, req: ReplayRequest) -> ReplayResult:
                 if df is None:
                     continue  # no state and no change: nothing to write
                 (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-                 .option("userMetadata", _meta(silver_end, "merge", req, frm, to)).save(gold))
+                 .option("userMetadata", replay_meta(silver_end, "merge", req, frm, to)).save(gold))
                 results.append(_result(spark, s, t, base, gold))
     finally:
         _delete_path(spark, scratch)
@@ -275,7 +283,7 @@ def _replace_silver(spark, scratch_changes: str, changes: str, after: Lsn | None
     cond = f"commit_lsn <= {int(to)}" + (f" AND commit_end_lsn > {int(after)}" if after is not None else "")
     (spark.read.format("delta").load(scratch_changes).select(*SILVER_COLUMNS)
      .write.format("delta").mode("overwrite").option("replaceWhere", cond)
-     .option("userMetadata", _meta(silver_end, "decode", req, frm, to)).save(changes))
+     .option("userMetadata", replay_meta(silver_end, "decode", req, frm, to)).save(changes))
 
 
 def _result(spark, s: str, t: str, base: tuple[Lsn, int] | None, target: str) -> TableReplay:
