@@ -93,14 +93,13 @@ def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
     dest = req.dest
     targets = {n: table_dir(dest if dest is not None else f"{scratch}/gold", *n) for n in bases}
     try:
-        if dest is None:
-            decoded = _replace_silver(cfg, req, paths, after, to, silver_end, frm, known)
-        for (s, t), base in sorted(bases.items()):
+        for (s, t), base in sorted(bases.items()):  # first: a gold table only Spark reads declines before any write
             _copy_state(paths.gold(s, t), base, targets[(s, t)])
         if dest is not None:
             decoded, slices = _decode_and_merge(cfg, req, paths, tables, lambda s, t: targets[(s, t)],
                                                 f"{scratch}/changes", after, to, known)
         else:
+            decoded = _replace_silver(cfg, req, paths, after, to, silver_end, frm, known)
             slices = _merge_silver(cfg, req, paths, tables, lambda s, t: targets[(s, t)], after, silver_end)
             _write_back(paths, targets, replay_meta(silver_end, STAGE_MERGE, req, frm, to))
     except _Declined as why:
@@ -143,22 +142,28 @@ def _resolve(changes_path: str, point: Point) -> Lsn:
 def _copy_state(gold: str, base: tuple[Lsn, int], target: str) -> None:
     """`target` := a new Delta table holding gold as of version `base[1]` (time travel), its commit marked with the
     merge watermark `base[0]` (what `replay_job.build_states` writes with Spark). Streamed batch by batch."""
+    import pyarrow as pa
     import pyarrow.dataset as ds
     from deltalake import DeltaTable, write_deltalake
+    from deltalake.exceptions import DeltaError
     from deltalake.transaction import CommitProperties
 
     from slotlake.merge.plan import COLUMN_MAPPING, DELETION_VECTORS
 
     shutil.rmtree(storage.local_path(target), ignore_errors=True)  # a new table, as Spark's replay makes it
-    table = DeltaTable(str(storage.local_path(gold)), version=base[1])
-    props = table.metadata().configuration or {}
-    if props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true" \
-            or "deletionVectors" in (table.protocol().reader_features or []):
-        raise _Declined(f"{gold} maps columns or has deletion vectors")
-    data = table.to_pyarrow_dataset(parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
-    write_deltalake(str(storage.local_path(target)), data.scanner(batch_size=65_536).to_reader(), mode="overwrite",
-                    commit_properties=CommitProperties(
-                        custom_metadata={"userMetadata": CommitMeta(STAGE_MERGE, base[0]).json()}))
+    try:
+        table = DeltaTable(str(storage.local_path(gold)), version=base[1])
+        props = table.metadata().configuration or {}
+        if props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true" \
+                or "deletionVectors" in (table.protocol().reader_features or []):
+            raise _Declined(f"{gold} maps columns or has deletion vectors")
+        data = table.to_pyarrow_dataset(
+            parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
+        write_deltalake(str(storage.local_path(target)), data.scanner(batch_size=65_536).to_reader(),
+                        mode="overwrite", commit_properties=CommitProperties(
+                            custom_metadata={"userMetadata": CommitMeta(STAGE_MERGE, base[0]).json()}))
+    except (DeltaError, pa.ArrowException, OSError) as e:  # (Spark's reader may still read it: it decides)
+        raise _Declined(f"{gold} as of version {base[1]} not copied with delta-rs ({type(e).__name__}: {e})") from None
 
 
 def _decode_and_merge(cfg: Config, req: ReplayRequest, paths: LakePaths, names: Sequence[TableName], gold_of,
@@ -215,7 +220,12 @@ def _replace_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, after: Ls
         raise _Declined("a bronze file without the extract's frame summary")
     written = _write_files(None, bronze, summary, MAX_HELD_ROWS, paths.changes, window=(lo, hi), in_driver=True)
     if known is not None:
-        _check_known(cfg, req.source, written, known)
+        try:
+            _check_known(cfg, req.source, written, known)
+        except _Declined:
+            for f in written:  # not committed: nothing refers to them
+                storage.local_path(f"{paths.changes}/{f['path']}").unlink(missing_ok=True)
+            raise
     silver_write.replace_files(paths.changes, written, removed,
                                user_metadata=replay_meta(silver_end, STAGE_DECODE, req, frm, to))
     rows = sum(int(f["rows"]) for f in written)
