@@ -25,6 +25,7 @@ from delta_readers import read_delta_rs  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake import delta_log  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
+from slotlake.lsn import Lsn  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
@@ -77,6 +78,22 @@ def _replay(cfg: Path, frm: str, to: str, dest: Path, *more: str) -> str:
     out = slotlake(cfg, "replay", "src", "--from", frm, "--to", to, "--dest", str(dest), *more, server=False)
     assert out.returncode == 0, f"replay failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}"
     return out.stderr
+
+
+def _no_file_over_a_slice(paths: LakePaths, after: Lsn, slice_bytes: int) -> None:
+    """No silver file with changes after `after` spans bronze files of more than `slice_bytes` in all."""
+    from slotlake.bronze import list_bronze
+    from slotlake.merge.watermarks import silver_file_stats
+
+    bronze = list_bronze(paths.root)
+    for f in silver_file_stats(paths.changes) or ():
+        assert f.commit_end_lsn_min is not None and f.commit_end_lsn_max is not None, f
+        if f.commit_end_lsn_min <= after.value:
+            continue
+        spanned = [b for b in bronze if b.end_lsn.value >= f.commit_end_lsn_min
+                   and b.start_lsn.value < f.commit_end_lsn_max]
+        size = sum(Path(b.path).stat().st_size for b in spanned)
+        assert size <= slice_bytes, (f.path, [b.name for b in spanned], size, slice_bytes)
 
 
 def _by_spark(log: str) -> bool:
@@ -157,6 +174,9 @@ def test_replays_into_dest_run_in_process_and_equal_postgres_and_the_spark_repla
             assert last.end_lsn == str(ends[3]) and "replay" in (last.slotlake or {}), (t, last)
         assert _rows(Path(paths.changes)) == silver_before
         assert delta_log.stage_end(paths.changes, "decode") == ends[3]
+        # as the sync's decode writes them, no silver file spans more than a slice of bronze: merges stop between
+        # slices (a replayed range written as one file sent a 5 M-change replay's merge to Spark)
+        _no_file_over_a_slice(paths, ends[1], 2 * biggest + biggest // 2)
     _sql(pg_db, "INSERT INTO items VALUES (4242, 'after the replay', 1)", "UPDATE items SET n = 0 WHERE id = 7")
     sync_ok(cfg, "src")
     for t in TABLES:

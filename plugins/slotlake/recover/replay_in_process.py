@@ -202,7 +202,7 @@ def _replace_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, after: Ls
     replaced whole or not at all; its rows re-decoded are the same unless the decoder changed, which is what an
     in-place replay is for). Returns the rows re-decoded."""
     from slotlake.decode import silver_write
-    from slotlake.decode.job import MAX_HELD_ROWS, _footer_summary, _write_files
+    from slotlake.decode.job import MAX_HELD_ROWS, _footer_summary, _write_files, in_process_slice
     from slotlake.merge.watermarks import silver_file_stats
 
     if to <= after:
@@ -215,17 +215,28 @@ def _replace_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, after: Ls
     bronze = [f for f in list_bronze(paths.root) if f.end_lsn.value > lo and f.start_lsn.value < hi]
     if not bronze:
         return 0
-    summary = _footer_summary(bronze, MAX_HELD_ROWS)
-    if summary is None:
-        raise _Declined("a bronze file without the extract's frame summary")
-    written = _write_files(None, bronze, summary, MAX_HELD_ROWS, paths.changes, window=(lo, hi), in_driver=True)
-    if known is not None:
-        try:
+    # Written a slice at a time, as the sync's decode writes them: a silver file then spans at most a slice, so the
+    # merges below can stop between slices (`_merge_ends`) and each holds at most a slice's changes.
+    written: list[dict] = []
+    try:
+        todo = bronze
+        while todo:
+            chunk = in_process_slice(todo, cfg.spark.in_process_bytes)
+            if not chunk:
+                raise _Declined(f"bronze file {todo[0].name} alone holds more than "
+                                f"{cfg.spark.in_process_bytes:,} bytes or a slice's rows")
+            todo = todo[len(chunk):]
+            summary = _footer_summary(chunk, MAX_HELD_ROWS)
+            if summary is None:
+                raise _Declined("a bronze file without the extract's frame summary")
+            written += _write_files(None, chunk, summary, MAX_HELD_ROWS, paths.changes, window=(lo, hi),
+                                    in_driver=True)
+        if known is not None:
             _check_known(cfg, req.source, written, known)
-        except _Declined:
-            for f in written:  # not committed: nothing refers to them
-                storage.local_path(f"{paths.changes}/{f['path']}").unlink(missing_ok=True)
-            raise
+    except _Declined:
+        for f in written:  # not committed: nothing refers to them
+            storage.local_path(f"{paths.changes}/{f['path']}").unlink(missing_ok=True)
+        raise
     silver_write.replace_files(paths.changes, written, removed,
                                user_metadata=replay_meta(silver_end, STAGE_DECODE, req, frm, to))
     rows = sum(int(f["rows"]) for f in written)
