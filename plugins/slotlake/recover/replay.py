@@ -5,7 +5,7 @@
 X and Y are LSNs (`16/B374D848`) or ISO timestamps (UTC when they carry no zone). A timestamp T stands for the
 last commit before it: the greatest silver `commit_lsn` whose `commit_ts < T`, so `--from A --to B` covers the
 commits with `A <= commit_ts < B` (an Airflow data interval). The work runs in the Spark app
-`spark_apps/replay.py` (`slotlake.recover.replay_job.run_replay`), or for a `--dest` replay it can do exactly in the
+`spark_apps/replay.py` (`slotlake.recover.replay_job.run_replay`), or for a replay it can do exactly in the
 caller's process without a JVM (`slotlake.recover.replay_in_process`; `slotlake.recover.replay_run.replay` chooses);
 this module parses the points, the same way for the CLI and (with templated arguments) the
 `slotlake_replay__<source>` DAG.
