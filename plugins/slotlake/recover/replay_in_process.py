@@ -7,9 +7,9 @@
               slice); after each slice, `merge.in_process.merge_into` the new tables up to the slice's end
     in place: bronze (min R, Y] widened to whole silver and bronze files (`_whole_files`) re-decoded into silver's
               folder a slice at a time and, in one commit, put in place of silver's files of that range
-              (`silver_write.replace_files`); the new
-              tables merged from silver slice by slice up to silver's end, then each written over its gold table
-              in one commit (history kept; userMetadata end_lsn = silver's end, "replay": {...})
+              (`silver_write.replace_files`); the new tables merged from silver slice by slice up to
+              silver's end, then each written over its gold table in one commit (history kept;
+              userMetadata end_lsn = silver's end, "replay": {...})
 
 The Spark replay ran 35,677 changes/s where the sync runs 150-176k/s in process (bench/README.md): a backfill of a
 day paid the JVM start and Spark's MERGE for every interval. A replay declines (returns None; a `--dest` replay
@@ -17,8 +17,9 @@ removes the tables it wrote; the caller runs the Spark app, which does the whole
 in-process stages would: an object-store lake, a bronze file over a slice, a file without the extract's frame
 summary, a DDL event or several column layouts in a table's window, a batch only Spark merges exactly
 (`merge.in_process`), a gold table with column mapping or deletion vectors; and for a table without a recorded
-state at X (Spark creates it), or in place a silver file without commit LSN statistics. An in-place replay that declines after replacing silver's rows leaves them re-derived (what the
-Spark app writes again) and gold as it was or rebuilt: both are what a replay gives, so the Spark app finishes it.
+state at X (Spark creates it), or in place a silver file without commit LSN statistics. An in-place replay that
+declines after replacing silver's rows leaves them re-derived (what the Spark app writes again) and gold as it was
+or rebuilt: both are what a replay gives, so the Spark app finishes it.
 """
 from __future__ import annotations
 
