@@ -1,14 +1,15 @@
 """One sync of one source: preflight -> extract -> decode -> merge -> report.
 
 `sync()` runs the five steps in this process (the CLI). The Airflow DAG runs the same functions, one per task:
-`task_preflight`, `task_extract` and `task_report` as Python tasks, decode and merge as SparkSubmitOperators fed
-with the same `spark_app()` description that `task_decode`/`task_merge` run here (`sync()` runs both job
-functions in one Spark application, `spark_apps/sync.py`, to start one JVM instead of two). Every task returns a small
-JSON-able dict (it becomes the task's XCom), never data.
+`task_preflight`, `task_extract`, `task_in_process` and `task_report` as Python tasks, decode and merge as
+SparkSubmitOperators fed with the same `spark_app()` description that `task_decode`/`task_merge` run here (`sync()`
+runs both job functions in one Spark application, `spark_apps/sync.py`, to start one JVM instead of two). Every
+task returns a small JSON-able dict (it becomes the task's XCom), never data.
 
 After the extract, `slotlake.pending` decides from the lake's watermarks (no Spark) whether the decode and merge
 have anything to do; when nothing is due the Spark app is not started (the DAG skips its decode and merge tasks)
-and the report says why.
+and the report says why. What is due is decoded and merged without a JVM where that is exact (`_slices_here`:
+the CLI's `sync()` and the DAG's `in_process` task); Spark does the rest.
 """
 from __future__ import annotations
 
@@ -249,8 +250,9 @@ def build_report(cfg: Config, source_name: str, extracted: Mapping[str, Any],
     return report
 
 
-def task_report(cfg: Config, source_name: str, extracted: Mapping[str, Any]) -> dict[str, Any]:
-    out = build_report(cfg, source_name, extracted).as_dict()
+def task_report(cfg: Config, source_name: str, extracted: Mapping[str, Any],
+                step_seconds: Mapping[str, float] | None = None) -> dict[str, Any]:
+    out = build_report(cfg, source_name, extracted, step_seconds).as_dict()
     out["finished_at"] = datetime.now(UTC).isoformat()
     return out
 
@@ -271,32 +273,39 @@ def _in_process_first(cfg: Config, source_name: str) -> bool:
     return bool(limit) and not storage.is_s3(paths.root) and first_slice_fits(paths, limit)
 
 
-def _sync_in_process(cfg: Config, source_name: str) -> dict[str, float] | None:
-    """The decode and merge of the backlog in this process, without a JVM, one slice of at most
-    `spark.in_process_bytes` of bronze at a time (`decode_in_process`, then `merge_in_process`: a silver commit and
-    one commit per gold table a slice, so memory is bounded by the slice, not the backlog). From the first slice
-    this process declines (a catalog change, a batch only Spark merges exactly) on, one Spark app does the rest from
-    the watermarks. Returns the seconds of `decode` and `merge` (summed over the slices), and of `spark` (the sync
-    app: decode and merge) or `merge (Spark)` (the merge app) when one ran; None, nothing done, when the first
-    slice's decode is not one this process can do (the caller runs the Spark app for everything)."""
-    if not cfg.spark.in_process_bytes:
-        return None
+def _slices_here(cfg: Config, source_name: str) -> tuple[dict[str, float], int, int]:
+    """Decode and merge the backlog in this process, without a JVM, one slice of at most `spark.in_process_bytes`
+    of bronze at a time (`decode_in_process`, then `merge_in_process`: a silver commit and one commit per gold table
+    a slice, so memory is bounded by the slice, not the backlog), up to the first slice this process declines (a
+    catalog change, a batch only Spark merges exactly; logged why). Returns the seconds of `decode` and `merge`
+    (summed over the slices) and the number of slices decoded and merged. Nothing done (0 slices) when the first
+    slice's decode is not one this process can do."""
     from slotlake.decode.job import decode_in_process
 
-    steps: dict[str, float] = {"decode": 0.0}
+    steps: dict[str, float] = {}
     slices = merged_slices = 0
-    while True:
+    while cfg.spark.in_process_bytes:
         t = time.monotonic()
         decoded = decode_in_process(cfg, source_name, cfg.spark.in_process_bytes)
         if decoded is None:
             break  # nothing left to decode, or a slice the Spark decode must do
-        steps["decode"] += time.monotonic() - t
+        steps["decode"] = steps.get("decode", 0.0) + time.monotonic() - t
         slices += 1
         merged = _merge_in_process(cfg, source_name)
         if merged is None:
             break  # an initial copy to load, or a batch Spark merges (logged why)
         steps["merge"] = steps.get("merge", 0.0) + merged["merge"]
         merged_slices += 1
+    return steps, slices, merged_slices
+
+
+def _sync_in_process(cfg: Config, source_name: str) -> dict[str, float] | None:
+    """The CLI sync's decode and merge of the backlog: in this process (`_slices_here`), then from the first slice
+    this process declines on, one Spark app does the rest from the watermarks. Returns the seconds of `decode` and
+    `merge`, and of `spark` (the sync app: decode and merge) or `merge (Spark)` (the merge app) when one ran; None,
+    nothing done, when the first slice's decode is not one this process can do (the caller runs the Spark app for
+    everything)."""
+    steps, slices, merged_slices = _slices_here(cfg, source_name)
     if not slices:
         return None
     t = time.monotonic()
@@ -310,6 +319,30 @@ def _sync_in_process(cfg: Config, source_name: str) -> dict[str, float] | None:
     log.info("sync %s: %d slice(s) decoded and %d merged in this process%s", source_name, slices, merged_slices,
              "" if due.idle else f"; the rest by Spark ({due.describe()})")
     return steps
+
+
+def task_in_process(cfg: Config, source_name: str, extracted: Mapping[str, Any]) -> dict[str, Any]:
+    """The sync DAG's `in_process` task: what the extract left due, decoded and merged in this process where it can
+    be (`_slices_here`; a merge alone: `merge_in_process`), under the source's run lock. Returns {"pending": what
+    the Spark decode and merge must still do (`PendingWork.as_dict`), "steps": seconds of this task's decode and
+    merge}; the DAG runs its Spark tasks only for that `pending`."""
+    from slotlake.source.lock import source_lock
+
+    pending = pending_of(extracted)
+    steps: dict[str, float] = {}
+    if not pending.idle:
+        with source_lock(cfg.source(source_name), "in_process"):
+            if pending.decode is not None:
+                steps, slices, merged_slices = _slices_here(cfg, source_name)
+                done = f"{slices} slice(s) decoded and {merged_slices} merged"
+            else:
+                steps = _merge_in_process(cfg, source_name) or {}
+                done = "the merge done" if steps else "the merge declined"
+            if steps:
+                pending = pending_after_extract(cfg, source_name)
+        log.info("sync %s in this process: %s; %s", source_name, done,
+                 "nothing left for Spark" if pending.idle else f"for Spark: {pending.describe()}")
+    return {"pending": pending.as_dict(), "steps": {k: round(v, 2) for k, v in steps.items()}}
 
 
 def _merge_in_process(cfg: Config, source_name: str) -> dict[str, float] | None:

@@ -1,6 +1,7 @@
 """Gold tables as Airflow Assets, end to end: one `airflow dags test` of the sync DAG changes two tables of a source
-without a `tables:` list (a third stays as it was), its merge task records one asset event per changed table through
-the alias `slotlake_gold__src`, and a real scheduler (+ API server) starts the downstream DAG scheduled on
+without a `tables:` list (a third stays as it was), its in_process task (which merges them without a JVM: nothing
+is left for the Spark merge task, which records the events of the runs it merges, tests/integration/test_dags.py)
+records one asset event per changed table through the alias `slotlake_gold__src`, and a real scheduler (+ API server) starts the downstream DAG scheduled on
 `Asset("slotlake://src/public/orders")` only, whose task sees the event's extra.
 
 The initial copy is loaded in-process beforehand (the pytest session's Spark), so the one DAG run's counts are
@@ -141,7 +142,7 @@ def test_changed_gold_tables_trigger_the_downstream_dag(spark, pg_db, tmp_path):
         assert event["extra"] == {"source": "src", "table": f"public.{table}", "applied_lsn": lsn,
                                   "gold_version": version, "inserted": counts[0], "updated": counts[1],
                                   "deleted": counts[2]}, table
-        assert event["source"] == ("slotlake_sync__src", "merge") and event["aliases"] == "slotlake_gold__src"
+        assert event["source"] == ("slotlake_sync__src", "in_process") and event["aliases"] == "slotlake_gold__src"
     assert events[ORDERS_URI]["extra"]["applied_lsn"] == events["slotlake://src/public/customers"]["extra"][
         "applied_lsn"]  # every table of a run reaches the same end LSN
 
@@ -156,5 +157,5 @@ def test_changed_gold_tables_trigger_the_downstream_dag(spark, pg_db, tmp_path):
     assert _consumer_runs(db) == [("asset_triggered", "success")], home / "processes.log"
     [seen] = json.loads(out.read_text())
     assert seen == {"uri": ORDERS_URI, "extra": events[ORDERS_URI]["extra"], "source_dag_id": "slotlake_sync__src",
-                    "source_task_id": "merge", "aliases": ["slotlake_gold__src"]}
+                    "source_task_id": "in_process", "aliases": ["slotlake_gold__src"]}
     print(f"sync DAG run {sync_seconds:.0f}s, consumer run (servers up to success) {consumer_seconds:.0f}s")

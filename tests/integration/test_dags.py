@@ -69,9 +69,19 @@ for dag_id, dag in bag.dags.items():
                            "cron": getattr(dag.timetable, "expression", None),
                            "tz": str(getattr(dag.timetable, "timezone", None)),
                            "max_active_runs": dag.max_active_runs, "catchup": dag.catchup,
-                           "order": [t.task_id for t in dag.topological_sort()], "tasks": tasks}
+                           "order": [t.task_id for t in dag.topological_sort()], "tasks": tasks,
+                           "downstream": {t.task_id: sorted(t.downstream_task_ids) for t in dag.tasks}}
 print("PROBE" + json.dumps(out, default=str))
 """
+
+
+def _asset_events(home: Path) -> list[tuple[str, str]]:
+    """(asset URI, source task id) of every asset event in the module's metadata DB, oldest first."""
+    import sqlite3
+
+    with sqlite3.connect(home / "airflow.db") as conn:
+        return conn.execute("SELECT a.uri, e.source_task_id FROM asset_event e JOIN asset a ON a.id = e.asset_id "
+                            "ORDER BY e.id").fetchall()
 
 
 def load_dagbag(env: dict[str, str]) -> dict:
@@ -93,7 +103,9 @@ def test_dag_shape_schedule_and_spark_submit(airflow_home, tmp_path):
     dag = bag["dags"]["slotlake_sync__shop"]
     assert dag["max_active_runs"] == 1 and dag["catchup"] is False
     assert (dag["timetable"], dag["cron"], dag["tz"]) == ("CronDataIntervalTimetable", "15 * * * *", "UTC")
-    assert dag["order"] == ["preflight", "extract", "decode", "merge", "report"]
+    assert dag["order"] == ["preflight", "extract", "in_process", "decode", "merge", "report"]
+    assert dag["tasks"]["in_process"]["type"] == "_BranchPythonDecoratedOperator"
+    assert dag["downstream"]["in_process"] == ["decode", "merge", "report"]  # what the branch can follow
     for stage in ("decode", "merge"):
         t = dag["tasks"][stage]
         assert t["type"] == "SparkSubmitOperator"
@@ -157,27 +169,49 @@ def test_bad_config_is_an_import_error_naming_the_key(airflow_home, tmp_path):
 @pytest.mark.slow
 def test_sync_dag_runs_gold_equals_postgres(pg_db, airflow_home, tmp_path):
     """Run 1 finds rows already in the tables (initial copy under the slot's snapshot); run 2 streams updates,
-    deletes, key changes and a TRUNCATE. After each, every gold table equals PostgreSQL row by row.
+    deletes, key changes and a TRUNCATE; run 3 plain inserts, updates and deletes.
+    After each, every gold table equals PostgreSQL row by row.
 
-    The DAG's decode and merge run in this worker's `slotlake spark-server` (`SLOTLAKE_SPARK_SERVER`, the
-    deployment-wide setting, which `spark.server` in the config overrides the same way: the DAG's task types for
-    it are in test_with_a_spark_server_the_spark_tasks_send_their_apps_there), never spark-submit; the
-    SparkSubmitOperators of a config without a server run end to end in tests/integration/test_standalone_cluster.py
-    and skip before spark-submit in test_sync_dag_with_nothing_new_skips_decode_and_merge."""
+    Run 1's catalog is new and run 2's key changes are Spark's to merge: their Spark tasks run in this worker's
+    `slotlake spark-server` (`SLOTLAKE_SPARK_SERVER`, the deployment-wide setting, which `spark.server` in the
+    config overrides the same way: the DAG's task types for it are in
+    test_with_a_spark_server_the_spark_tasks_send_their_apps_there), never spark-submit; run 2's decode and all of
+    run 3 are the `in_process` task's, without a JVM, and the branch skips the Spark tasks it did. The
+    SparkSubmitOperators of a config without a server run end to end in
+    tests/integration/test_standalone_cluster.py and are skipped in
+    test_sync_dag_with_nothing_new_skips_decode_and_merge."""
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute(SCHEMA)
         for s in ROUND_1:
             conn.execute(s)
     cfg = write_config(tmp_path / "slotlake.yaml", pg_db)
     env = local_airflow_env(airflow_home, cfg)
-    for run, changes in enumerate((None, ROUND_2), start=1):
+    # (no TOASTed value left unchanged: such a batch is Spark's to merge, as run 2's key changes are)
+    round_3 = ["UPDATE orders SET status = 'delivered', notes = 'at the door' WHERE id % 2 = 0",
+               "UPDATE customers SET balance = balance + 1 WHERE id % 2 = 1",
+               "INSERT INTO customers (id, name, balance) VALUES (20, 'customer 20', 1.25)",
+               "DELETE FROM products WHERE sku = 'SKU-4'",
+               "INSERT INTO order_items VALUES (4, 'SKU-1', 1, 24.90), (4, 'SKU-1', 1, 24.90)"]
+    expected = {  # per run: what the in_process task did, whether Spark merged, the task announcing gold's changes
+        1: ("0 slice(s) decoded and 0 merged; for Spark: decode and merge due", True, "merge"),
+        2: ("1 slice(s) decoded and 0 merged; for Spark: merge due", True, "merge"),
+        3: ("1 slice(s) decoded and 1 merged; nothing left for Spark", False, "in_process"),
+    }
+    for run, changes in enumerate((None, ROUND_2, round_3), start=1):
         if changes:
             with psycopg.connect(pg_db, autocommit=True) as conn:
                 for s in changes:
                     conn.execute(s)
+        events_before = _asset_events(airflow_home)
         out = dags_test(env, "slotlake_sync__shop")
+        here, spark, announcer = expected[run]
+        events = _asset_events(airflow_home)[len(events_before):]
+        assert sorted(uri for uri, _ in events) == sorted(f"slotlake://shop/{t.replace('.', '/')}" for t in TABLES)
+        assert {task for _, task in events} == {announcer}, (run, events)
         assert "sync shop: archived" in out, f"run {run}: no report summary line"
-        assert "finished on the Spark server" in out and "Spark-Submit cmd" not in out, f"run {run}:\n{out[-3000:]}"
+        assert f"sync shop in this process: {here}" in out, f"run {run}:\n{out[-3000:]}"
+        assert ("finished on the Spark server" in out) is spark and "Spark-Submit cmd" not in out, \
+            f"run {run}:\n{out[-3000:]}"
         for table in TABLES:
             schema, name = table.split(".")
             assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)

@@ -101,8 +101,10 @@ def test_cli_and_sync_dag_submit_to_the_cluster(pg_db, tmp_path, cluster, exec_p
     run_sql(pg_db, [SCHEMA, *ROUND_1])
     cli_cfg = write_config(tmp_path / "slotlake.yaml", pg_db,
                            f'{{master: "{cluster.master}", conf: {cluster_spark(exec_python)}}}')
+    # in_process_bytes 0: the DAG's in_process task leaves the decode to Spark (it would do it without a JVM)
     dag_cfg = write_config(tmp_path / "slotlake-dag.yaml", pg_db,
-                           f'{{master: "local[2]", conn_id: slotlake_cluster, conf: {cluster_spark(exec_python)}}}')
+                           f'{{master: "local[2]", conn_id: slotlake_cluster, in_process_bytes: 0, '
+                           f'conf: {cluster_spark(exec_python)}}}')
     before = len(cluster.completed_apps())
 
     # 1. the CLI: one spark-submit of the sync app to the cluster's master

@@ -1,5 +1,5 @@
 """What every slotlake DAG is built from: the Spark connection, the Spark tasks (spark-submit, or a Python task
-sending the app to the Spark server) with the source's run lock and the extract's skip rule, and the `DAG(...)`
+sending the app to the Spark server) with the source's run lock and an optional skip rule, and the `DAG(...)`
 arguments the per-source DAGs share. Used by `dag_factory` (sync), `replay_dag` and `recover_dag`.
 """
 from __future__ import annotations
@@ -18,9 +18,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import CronDataIntervalTimetable
 from airflow.sdk.exceptions import AirflowSkipException
 
-from slotlake import pipeline
 from slotlake.config import Config, SourceConfig
-from slotlake.pending import PendingWork
 from slotlake.spark.code import code_zip
 from slotlake.spark.submit import SparkApp, on_master, run_spark_app
 
@@ -107,19 +105,6 @@ def _post_execute(after: After | None) -> Callable[..., None]:
     return run
 
 
-def _extract_pending(context: Mapping[str, Any]) -> PendingWork:
-    return pipeline.pending_of(context["ti"].xcom_pull(task_ids="extract") or {})
-
-
-def decode_due(context: Mapping[str, Any]) -> str | None:
-    return _extract_pending(context).decode
-
-
-def merge_due(context: Mapping[str, Any]) -> str | None:
-    pending = _extract_pending(context)
-    return None if pending.idle else (pending.merge or pending.decode)
-
-
 def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig,
                  conn_id: str | None = None) -> Callable[[Mapping[str, Any]], None]:
     """The pre_execute of a Spark task: the skip rule, then (spark-submit tasks: `conn_id`) the settings for the
@@ -128,8 +113,7 @@ def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig,
         if due is not None:
             reason = due(context)
             if reason is None:
-                # No spark-submit: the task ends SKIPPED and says why (the extract's decision).
-                raise AirflowSkipException(f"{app.name}: {_extract_pending(context).describe()}")
+                raise AirflowSkipException(f"{app.name}: nothing due")  # no spark-submit: the task ends SKIPPED
             log.info("%s: %s", app.name, reason)
         if conn_id is not None:
             _target_connection(app, conn_id, context)
