@@ -1,8 +1,9 @@
 """Gold tables as Airflow Assets, end to end: one `airflow dags test` of the sync DAG changes two tables of a source
 without a `tables:` list (a third stays as it was), its in_process task (which merges them without a JVM: nothing
 is left for the Spark merge task, which records the events of the runs it merges, tests/integration/test_dags.py)
-records one asset event per changed table through the alias `slotlake_gold__src`, and a real scheduler (+ API server) starts the downstream DAG scheduled on
-`Asset("slotlake://src/public/orders")` only, whose task sees the event's extra.
+records one asset event per changed table through the alias `slotlake_gold__src`, and a real scheduler (+ API
+server) starts the downstream DAG scheduled on `Asset("slotlake://src/public/orders")` only, whose task sees the
+event's extra.
 
 The initial copy is loaded in-process beforehand (the pytest session's Spark), so the one DAG run's counts are
 exactly the rows changed in PostgreSQL.
