@@ -24,7 +24,8 @@ the baseline: `COPY (SELECT ... pg_logical_slot_peek_binary_changes ...) TO STDO
                         copy) starts it; with --separate-apps, the extract, then a decode app and a merge app,
                         as the sync DAG's three tasks run them
 Then `slotlake replay --dest` of the same LSN range, and the same replay in place (a backfill's rate per change;
-`--no-replay` skips them): the replayed tables must equal gold row for row, and gold PostgreSQL, at the end.
+`--no-replay` skips them): the replayed tables must equal gold row for row, and gold PostgreSQL, at the end; and
+`slotlake recover` of the 4 tables as of the middle of that range, in process and by the Spark app (the same rows).
 Then the fixed cost: an idle `sync` (nothing new since the last one) and a sync of ~1,000 row changes over the 4
 tables (250 tpcb-like transactions), each `--repeat` times as `.venv/bin/slotlake sync` in a new process
 (interpreter start and imports included), reported as the median and every run.
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import multiprocessing as mp
@@ -59,6 +61,7 @@ from extract import baseline, run_in_child  # noqa: E402  (bench/extract.py: the
 from slotlake import delta_log  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
+from slotlake.lsn import Lsn  # noqa: E402
 from slotlake.spark_apps.apps import sync_stages  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres, pg_bindir  # noqa: E402
 from slotlake_dev.memory import peak_rss_mb  # noqa: E402
@@ -380,6 +383,7 @@ def main() -> None:
             # the range ends at silver's end: the --dest tables hold gold's rows, and gold still does after the
             # replay in place (before the syncs below change it)
             replay_check = same_rows(paths, Path(tmp) / "replayed")
+            recovered = time_recover(cfg, paths, Lsn.parse(str(lsn_before)), Path(tmp))
         fixed = fixed_cost(cfg, pg, args.repeat, args.small_keys, args.scale)
         accounts = delta_log.latest_slotlake_commit(paths.gold("public", "pgbench_accounts"))
         stack.close()  # stops the Spark server, if any
@@ -409,6 +413,11 @@ def main() -> None:
                   f"--dest DIR ({replay_where})")
             print(f"{'replay in place':<24} {in_place_s:>8.1f} {changes / in_place_s:>11,.0f} "
                   f"{mb / in_place_s:>7.2f}   the same without --dest ({in_place_where})")
+        if replay_s is not None:
+            here_s, spark_s, point, rows = recovered
+            print(f"{'recover, 4 tables':<24} {here_s if here_s is not None else float('nan'):>8.1f} "
+                  f"{'':>11} {'':>7}   slotlake recover bench --as-of {point} (mid-range) --to DIR: in process "
+                  f"({'declined' if here_s is None else f'{rows:,} rows'}); the Spark app: {spark_s:.1f} s")
         if accounts is not None and args.repeat:  # what the last small sync did to the biggest table
             m = accounts.metrics
             print(f"last 1,000-change sync ({args.small_keys} accounts), pgbench_accounts ({args.scale * 100_000:,} "
@@ -432,23 +441,54 @@ def main() -> None:
         if replay_s is not None:
             for line in replay_check:
                 print(f"replay --dest == gold (after the replay in place): {line}", flush=True)
+            print("recover in process == the recover Spark app: every row of the 4 tables", flush=True)
 
 
-def same_rows(paths, dest: Path) -> list[str]:
-    """Each gold table's rows (`_slotlake_` columns included, read with delta-rs) equal the replayed table's; raises
-    on a difference."""
+def _equal_rows(a: str | Path, b: str | Path, what: str) -> int:
+    """The two Delta tables hold the same rows (`_slotlake_` columns included, read with delta-rs): their count;
+    raises (`what` differs) on a difference."""
     import collections
 
     from deltalake import DeltaTable
 
-    out = []
-    for schema, table in delta_log.gold_tables(paths.root):
-        rows = [collections.Counter(tuple(sorted(r.items())) for r in DeltaTable(str(p)).to_pyarrow_table().to_pylist())
-                for p in (paths.gold(schema, table), dest / schema / table)]
-        if rows[0] != rows[1]:
-            raise SystemExit(f"replay --dest differs from gold for {schema}.{table}")
-        out.append(f"{schema}.{table}: {sum(rows[0].values())} rows equal")
-    return out
+    rows = [collections.Counter(tuple(sorted(r.items())) for r in DeltaTable(str(p)).to_pyarrow_table().to_pylist())
+            for p in (a, b)]
+    if rows[0] != rows[1]:
+        raise SystemExit(f"{what} differs")
+    return sum(rows[0].values())
+
+
+def same_rows(paths, dest: Path) -> list[str]:
+    """Each gold table's rows equal the replayed table's (`_equal_rows`); raises on a difference."""
+    return [f"{schema}.{table}: "
+            f"{_equal_rows(paths.gold(schema, table), dest / schema / table, f'replay --dest of {schema}.{table}')}"
+            " rows equal" for schema, table in delta_log.gold_tables(paths.root)]
+
+
+def time_recover(cfg, paths: LakePaths, before: Lsn, tmp: Path) -> tuple[float | None, float, Lsn, int]:
+    """`slotlake recover` of the 4 tables as of the middle of the last burst's range into a Delta folder, in this
+    process (`recover_in_process`; None seconds when it declines) and by the recover Spark app; the two must write
+    the same rows (raises otherwise). Returns (in-process seconds, Spark seconds, the point, rows recovered)."""
+    from slotlake.recover.point import request
+    from slotlake.recover.point_in_process import recover_in_process
+    from slotlake.recover.recover_run import recover
+
+    point = Lsn((before.value + Lsn.parse(_silver_end(paths)).value) // 2)
+    req, password = request("bench", str(point), TABLES, str(tmp / "recovered"))
+    t = time.perf_counter()
+    result = recover_in_process(cfg, req, password)
+    here_s = time.perf_counter() - t if result is not None else None
+    spark_cfg = dataclasses.replace(cfg, spark=dataclasses.replace(cfg.spark, in_process_bytes=0))
+    t = time.perf_counter()
+    recover(spark_cfg, "bench", str(point), TABLES, str(tmp / "recovered_spark"))
+    spark_s = time.perf_counter() - t
+    rows = 0
+    if result is not None:
+        for name in TABLES:
+            schema, table = name.split(".")
+            rows += _equal_rows(tmp / "recovered" / schema / table, tmp / "recovered_spark" / schema / table,
+                                f"recover of {name} (in process vs the Spark app)")
+    return here_s, spark_s, point, rows
 
 
 if __name__ == "__main__":

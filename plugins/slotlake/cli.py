@@ -160,7 +160,7 @@ def _recover_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_recover(cfg: Config, args: argparse.Namespace) -> int:
-    from slotlake.recover.point import recover
+    from slotlake.recover.recover_run import recover
 
     result = recover(cfg, args.source, args.as_of, args.tables, args.to, args.into_schema, args.replace)
     print(json.dumps(result.as_dict(), indent=2) if args.json else "\n".join(result.lines()))

@@ -4,7 +4,8 @@ every recorded range, one range over several syncs (several slices) and a range 
 `CREATE TABLE recorded.<t>_<i> AS SELECT *`, an unpublished schema); the same replay through the Spark app
 (`spark.in_process_bytes: 0`) writes the same rows, `_slotlake_` columns included; an in-place replay (twice)
 leaves the lake equal to PostgreSQL and silver's rows as they were; a range the in-process merge cannot write
-exactly (a key change) goes to the Spark app and still comes out right."""
+exactly (a key change) goes to the Spark app and still comes out right. `slotlake recover` of the recorded states
+runs in the CLI's process too (into Delta and into PostgreSQL) and writes what the recover Spark app writes."""
 from __future__ import annotations
 
 import collections
@@ -106,6 +107,20 @@ def _rows(path: Path) -> collections.Counter:
     return collections.Counter(json.dumps(r, sort_keys=True, default=str) for r in read_delta_rs(str(path)).to_pylist())
 
 
+def _same_pg_table(dsn: str, got: str, want: str) -> None:
+    """Two PostgreSQL tables hold the same columns (names, types with typmods) and the same bag of rows."""
+    with psycopg.connect(dsn) as conn:
+        def columns(table: str) -> list[tuple]:
+            return conn.execute("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                                "%s::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum", (table,)).fetchall()
+
+        assert columns(got) == columns(want), (got, want)
+        for a, b in ((got, want), (want, got)):
+            [(extra,)] = conn.execute(f"SELECT count(*) FROM (TABLE {a} EXCEPT ALL TABLE {b}) x").fetchall()
+            assert extra == 0, f"{a} holds {extra} row(s) {b} does not"
+        assert conn.execute(f"SELECT count(*) FROM {got}").fetchone()[0] > 0, got
+
+
 def test_replays_into_dest_run_in_process_and_equal_postgres_and_the_spark_replay(pg_db, tmp_path):
     _sql(pg_db,
          "CREATE TABLE items (id int PRIMARY KEY, name text, n bigint, price numeric(12,2) DEFAULT 1.10)",
@@ -157,6 +172,30 @@ def test_replays_into_dest_run_in_process_and_equal_postgres_and_the_spark_repla
         name = t.split(".")[1]
         ours = tmp_path / f"dest_{ends[0]}_{ends[3]}".replace("/", "-") / "public" / name
         assert _rows(ours) == _rows(tmp_path / "dest_spark" / "public" / name), t
+
+    # recover (slotlake.recover.point_in_process): each recorded state by LSN into Delta, one by time into
+    # PostgreSQL, in this process; the Spark app's recovery of the same point writes the same rows
+    tables = [a for t in TABLES for a in ("--table", t)]
+    for i in (1, 2, 3):
+        out = slotlake(cfg, "recover", "src", "--as-of", str(ends[i]), *tables, "--to", str(tmp_path / f"rec_{i}"),
+                       "--json", server=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert launched_apps(out.stderr) == [] and "in this process" in out.stderr, out.stderr[-3000:]
+        assert ends[i - 1] < Lsn.parse(json.loads(out.stdout)["lsn"]) <= ends[i]  # the last commit at or before
+        for t in TABLES:
+            name = t.split(".")[1]
+            assert_gold_equals_pg(str(tmp_path / f"rec_{i}" / "public" / name), pg_db, f"recorded.{name}_{i}")
+    out = slotlake(cfg, "recover", "src", "--as-of", times[2].isoformat(), *tables, "--to", pg_db,
+                   "--into-schema", "rec_2", server=False)
+    assert out.returncode == 0 and launched_apps(out.stderr) == [], out.stderr[-3000:]
+    for t in TABLES:
+        _same_pg_table(pg_db, f"rec_2.{t.split('.')[1]}", f"recorded.{t.split('.')[1]}_2")
+    out = slotlake(spark_cfg, "recover", "src", "--as-of", str(ends[2]), *tables, "--to",
+                   str(tmp_path / "rec_spark"), server=False)
+    assert out.returncode == 0 and launched_apps(out.stderr) == ["recover"], out.stderr[-3000:]
+    for t in TABLES:
+        name = t.split(".")[1]
+        assert _rows(tmp_path / "rec_2" / "public" / name) == _rows(tmp_path / "rec_spark" / "public" / name), t
 
     # in place, twice, in this process (under the run lock): the lake still equals PostgreSQL, silver's rows and
     # watermark are what they were, each gold table has a new commit saying so; then the sync goes on from it

@@ -23,7 +23,8 @@ from airflow.sdk import DAG, Param, task
 from slotlake.airflow.tasks import source_dag_kwargs
 from slotlake.config import Config
 from slotlake.errors import ConfigError
-from slotlake.recover.point import AS_OF_PATTERN, DEFAULT_INTO_SCHEMA, is_postgres_url, recover
+from slotlake.recover.point import AS_OF_PATTERN, DEFAULT_INTO_SCHEMA, is_postgres_url
+from slotlake.recover.recover_run import recover
 
 
 def recover_from_params(cfg: Config, source_name: str, params: Mapping[str, Any]) -> dict[str, Any]:

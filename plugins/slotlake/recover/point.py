@@ -11,24 +11,21 @@
   is taken out of the URL here and handed to the Spark app as PGPASSWORD in its environment.
 - An existing target table is never overwritten unless `replace`.
 
-The work runs in the Spark app `spark_apps/recover.py` (`slotlake.recover.point_job.run_recover`), which starts
-from the nearest gold version at or before the point and applies only the archived changes after it (the replay
-machinery, `slotlake.recover.replay_job`).
+`slotlake.recover.recover_run.recover` runs it: in the caller's process where `point_in_process` can do it exactly
+(no JVM), else in the Spark app `spark_apps/recover.py` (`slotlake.recover.point_job.run_recover`). Both start from
+the nearest gold version at or before the point and apply only the archived changes after it (the replay
+machinery: `replay_in_process`, `replay_job`).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from slotlake.catalog import CatalogVersion
-from slotlake.config import Config
 from slotlake.errors import ConfigError, RecoverError
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
@@ -209,37 +206,3 @@ class RecoverResult:
         return ([f"recover {self.source} as of {self.as_of}: commit LSN {self.lsn}, commit time {when}"]
                 + [f"  {t.table}: {t.rows} rows -> {t.written_to}" + (" (from history)" if t.table in self.from_history
                                                                        else "") for t in self.tables])
-
-
-def recover(cfg: Config, source: str, as_of: str, tables: Sequence[str] | None, to: str,
-            into_schema: str | None = None, replace: bool = False) -> RecoverResult:
-    """Run the recover Spark app (spark-submit, as every slotlake stage); raises SlotlakeError on failure.
-
-    Reads the lake only, so it takes no run lock and runs alongside syncs. An existing PostgreSQL target table is
-    refused here, before any Spark work, unless `replace`."""
-    from slotlake.spark.submit import run_spark_app, spark_app
-
-    req, password = request(source, as_of, tables, to, into_schema, replace)
-    cfg.source(source)
-    if req.to_delta is not None and "://" not in req.to_delta:
-        # The Spark app (and an Airflow worker) may run elsewhere than the caller's directory.
-        req = dataclasses.replace(req, to_delta=os.path.abspath(req.to_delta))
-    if req.to_postgres is not None and not req.replace:
-        from slotlake.recover.to_postgres import refuse_existing
-
-        refuse_existing(req.to_postgres, password, [req.postgres_table(t) for t in req.tables])
-    app = spark_app(cfg, source, "recover")  # spark_apps/recover.py
-    fd, result_path = tempfile.mkstemp(prefix="slotlake-recover-", suffix=".json")
-    os.close(fd)
-    env = dict(app.env)
-    if password is not None:
-        env["PGPASSWORD"] = password  # libpq reads it; never on the command line
-    try:
-        run_spark_app(dataclasses.replace(app, args=(*app.args, *req.args(), "--result", result_path), env=env))
-        with open(result_path) as f:
-            result = RecoverResult.from_dict(json.load(f))
-    finally:
-        os.unlink(result_path)
-    for line in result.lines():
-        log.info("%s", line)
-    return result

@@ -17,7 +17,6 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from slotlake.bronze import covered_lsn, list_bronze, max_archived_end
 from slotlake.catalog import CatalogVersion, read_catalog
 from slotlake.config import Config
 from slotlake.contracts import STAGE_RECOVER, CommitMeta
@@ -33,10 +32,9 @@ from slotlake.recover.point import (
     RecoverError,
     RecoverRequest,
     RecoverResult,
-    archive_gaps,
-    gap_error,
     version_at,
 )
+from slotlake.recover.point_in_process import check_point, check_resolved
 from slotlake.recover.replay import ReplayRequest, format_point
 from slotlake.recover.replay_job import _delete_path, run_replay
 
@@ -79,16 +77,9 @@ def run_recover(spark, cfg: Config, req: RecoverRequest, password: str | None = 
     silver_end = decode_watermark(spark, paths.changes, source)
     if silver_end is None:
         raise RecoverError(f"recover {source}: nothing is decoded yet ({paths.changes}); run `slotlake sync {source}`")
-    covered = covered_lsn(paths.root)
-    if isinstance(req.as_of, Lsn) and (covered is None or req.as_of > covered):
-        raise RecoverError(f"recover {source}: --as-of {req.as_of} is past what the archive holds ({covered}); "
-                           f"run `slotlake sync {source}` first or choose an earlier point")
-    _refuse_unarchived(paths, source, req.as_of)
+    check_point(paths, source, req.as_of)
     lsn, commit_ts, last = resolve_as_of(spark, paths.changes, req.as_of)
-    if lsn == last and silver_end != max_archived_end(paths.root):
-        # Later archived commits are not decoded yet, so "the last commit at or before" is not known.
-        raise RecoverError(f"recover {source}: the point is at or after silver's last commit ({last}) and bronze "
-                           f"holds undecoded changes; run `slotlake sync {source}` first")
+    check_resolved(paths, source, lsn, last, silver_end)
     log.info("recover %s: as of %s -> commit LSN %s (commit time %s)", source, format_point(req.as_of), lsn,
              commit_ts.isoformat() if commit_ts else "none")
     if req.to_delta is not None and not req.replace:
@@ -133,20 +124,6 @@ def run_recover(spark, cfg: Config, req: RecoverRequest, password: str | None = 
     log.info("recover %s: %d table(s) at %s into %s (%d from history) (%.1fs)", source, len(tables), lsn,
              req.target, len(from_history), time.monotonic() - started)
     return result
-
-
-def _refuse_unarchived(paths: LakePaths, source: str, point: Point) -> None:
-    """RecoverError when an LSN `point` lies in WAL a resync left unarchived (`ArchiveGap`). A time cannot be placed
-    inside WAL the lake never read: it resolves to the last archived commit at or before it (README, resync)."""
-    from slotlake.source.copies import generations
-
-    if not isinstance(point, Lsn):
-        return
-    gens = [(g.consistent_point, datetime.fromisoformat(g.created_at), g.archived_to)
-            for g in generations(paths.root)]
-    for gap in archive_gaps((f.end_lsn for f in list_bronze(paths.root)), gens):
-        if gap.holds(point):
-            raise gap_error(source, point, gap)
 
 
 def _history_covers(spark, paths: LakePaths, table: TableName, lsn: Lsn) -> bool:
