@@ -11,7 +11,8 @@ A manual DAG (no schedule): trigger it with the typed form (Params) and one task
 
 The result (resolved commit LSN and time, rows per table, where each was written; for undo_sql the transaction
 and the script's path) is in the task log and is the
-task's XCom (`return_value`). The task submits the recover Spark app exactly as the CLI does.
+task's XCom (`return_value`). The task runs the recovery exactly as the CLI does (`recover_run.recover`: in the
+task's own process where that is exact, else the recover Spark app).
 """
 from __future__ import annotations
 

@@ -204,21 +204,10 @@ def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str
     when that table's schema is not silver's (the caller rewrites it with Spark's schema overwrite)."""
     from deltalake import DeltaTable, Schema
     from deltalake.exceptions import TableNotFoundError
-    from deltalake.transaction import (
-        AddAction,
-        CommitProperties,
-        RemoveAction,
-        Transaction,
-        create_table_with_add_actions,
-    )
+    from deltalake.transaction import AddAction, RemoveAction, Transaction, create_table_with_add_actions
 
-    now = int(time.time() * 1000)
-    adds = [AddAction(f["path"], int(f["size"]), {}, now, True, f["stats"]) for f in files]
-    rows = sum(int(f["rows"]) for f in files)
-    props = CommitProperties(
-        custom_metadata={"userMetadata": user_metadata,
-                         "operationMetrics": {"numFiles": str(len(adds)), "numOutputRows": str(rows)}},
-        app_transactions=[Transaction(app_id, version)] if app_id is not None and version is not None else None)
+    adds, props = _adds_and_props(files, user_metadata, app_transactions=[Transaction(app_id, version)]
+                                  if app_id is not None and version is not None else None)
     silver = contracts.arrow_schema(contracts.SILVER)
     try:
         table = DeltaTable(changes_path)
@@ -246,19 +235,29 @@ def replace_files(changes_path: str, files: Sequence[Mapping[str, Any]], removed
     replay's re-decoded rows in place of the ones they re-derive. No idempotent-write transaction (a second
     replay rewrites the same rows)."""
     from deltalake import DeltaTable
-    from deltalake.transaction import AddAction, CommitProperties, RemoveAction
+    from deltalake.transaction import AddAction, RemoveAction
 
+    adds, props = _adds_and_props(files, user_metadata, removed=len(removed))
     now = int(time.time() * 1000)
-    actions: list[AddAction | RemoveAction] = [AddAction(f["path"], int(f["size"]), {}, now, True, f["stats"])
-                                               for f in files]
-    actions += [RemoveAction(path, True, now) for path in removed]
-    rows = sum(int(f["rows"]) for f in files)
-    props = CommitProperties(custom_metadata={
-        "userMetadata": user_metadata,
-        "operationMetrics": {"numFiles": str(len(files)), "numOutputRows": str(rows),
-                             "numRemovedFiles": str(len(removed))}})
+    actions: list[AddAction | RemoveAction] = [*adds, *(RemoveAction(path, True, now) for path in removed)]
     table = DeltaTable(changes_path)
     table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=props)
+
+
+def _adds_and_props(files: Sequence[Mapping[str, Any]], user_metadata: str, *, app_transactions: Any = None,
+                    removed: int | None = None) -> tuple[list[Any], Any]:
+    """The AddActions of `files` (written into the table's folder: path, size, stats, rows) and the commit's
+    properties: `user_metadata`, the operation metrics (files, rows; `removed`: files removed) and the
+    idempotent-write transactions, for `commit` and `replace_files`."""
+    from deltalake.transaction import AddAction, CommitProperties
+
+    now = int(time.time() * 1000)
+    adds = [AddAction(f["path"], int(f["size"]), {}, now, True, f["stats"]) for f in files]
+    metrics = {"numFiles": str(len(adds)), "numOutputRows": str(sum(int(f["rows"]) for f in files))}
+    if removed is not None:
+        metrics["numRemovedFiles"] = str(removed)
+    return adds, CommitProperties(custom_metadata={"userMetadata": user_metadata, "operationMetrics": metrics},
+                                  app_transactions=app_transactions)
 
 
 def _holds_silver(table: Any) -> bool:

@@ -27,7 +27,7 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from slotlake import contracts, delta_log, storage
@@ -174,20 +174,13 @@ def _decode_and_merge(cfg: Config, req: ReplayRequest, paths: LakePaths, names: 
     `gold_of` tables before the next is read (memory is bounded by a slice). `known`: for a replay of every table,
     the tables with a state; a synced table with changes outside it declines (Spark builds it). Returns (changes
     re-decoded, slices)."""
-    from slotlake.decode.job import in_process_slice
     from slotlake.merge.in_process import merge_into
 
     source = req.source
-    todo = _range_files(paths, after, to)
     decoded = slices = 0
-    while todo:
-        chunk = in_process_slice(todo, cfg.spark.in_process_bytes)
-        if not chunk:
-            raise _Declined(f"bronze file {todo[0].name} alone holds more than {cfg.spark.in_process_bytes:,} "
-                            "bytes or a slice's rows")
-        todo = todo[len(chunk):]
-        end = to if not todo else min(chunk[-1].end_lsn, to)
-        decoded += _decode_slice(cfg, source, chunk, scratch_changes, after, to, end, first=slices == 0,
+    for chunk, summary, last in _slices(cfg, _range_files(paths, after, to)):
+        end = to if last else min(chunk[-1].end_lsn, to)
+        decoded += _decode_slice(cfg, source, chunk, summary, scratch_changes, after, to, end, first=slices == 0,
                                  known=known)
         slices += 1
         if merge_into(cfg, source, scratch_changes, names, gold_of, end,
@@ -203,7 +196,7 @@ def _replace_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, after: Ls
     replaced whole or not at all; its rows re-decoded are the same unless the decoder changed, which is what an
     in-place replay is for). Returns the rows re-decoded."""
     from slotlake.decode import silver_write
-    from slotlake.decode.job import MAX_HELD_ROWS, _footer_summary, _write_files, in_process_slice
+    from slotlake.decode.job import MAX_HELD_ROWS, _write_files
     from slotlake.merge.watermarks import silver_file_stats
 
     if to <= after:
@@ -211,25 +204,17 @@ def _replace_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, after: Ls
     stats = silver_file_stats(paths.changes)
     if stats is None:
         raise _Declined("silver's file statistics cannot be read")
-    ends = sorted(f.end_lsn.value for f in list_bronze(paths.root) if f.end_lsn <= silver_end)
+    archived = list_bronze(paths.root)
+    ends = sorted(f.end_lsn.value for f in archived if f.end_lsn <= silver_end)
     lo, hi, removed = _whole_files(stats, ends, after.value, to.value)
-    bronze = [f for f in list_bronze(paths.root) if f.end_lsn.value > lo and f.start_lsn.value < hi]
+    bronze = [f for f in archived if f.end_lsn.value > lo and f.start_lsn.value < hi]
     if not bronze:
         return 0
     # Written a slice at a time, as the sync's decode writes them: a silver file then spans at most a slice, so the
     # merges below can stop between slices (`_merge_ends`) and each holds at most a slice's changes.
     written: list[dict] = []
     try:
-        todo = bronze
-        while todo:
-            chunk = in_process_slice(todo, cfg.spark.in_process_bytes)
-            if not chunk:
-                raise _Declined(f"bronze file {todo[0].name} alone holds more than "
-                                f"{cfg.spark.in_process_bytes:,} bytes or a slice's rows")
-            todo = todo[len(chunk):]
-            summary = _footer_summary(chunk, MAX_HELD_ROWS)
-            if summary is None:
-                raise _Declined("a bronze file without the extract's frame summary")
+        for chunk, summary, _ in _slices(cfg, bronze):
             written += _write_files(None, chunk, summary, MAX_HELD_ROWS, paths.changes, window=(lo, hi),
                                     in_driver=True)
         if known is not None:
@@ -319,19 +304,26 @@ def _merge_ends(stats: Sequence[SilverFileStats], bronze: Sequence[tuple[int, in
                 return True
         return False
 
+    import bisect
+    from itertools import accumulate
+
     points = sorted({e for e, _, _ in bronze if after < e < end and not cuts_through(e)} | {end}) \
         if end > after else []
+    files = sorted(bronze)
+    at = [e for e, _, _ in files]
+    sizes, counts = [0, *accumulate(b for _, b, _ in files)], [0, *accumulate(r for _, _, r in files)]
+
+    def covered(lo: int, hi: int) -> tuple[int, int]:  # bytes and rows of the bronze files ending in (lo, hi]
+        i, j = bisect.bisect_right(at, lo), bisect.bisect_right(at, hi)
+        return sizes[j] - sizes[i], counts[j] - counts[i]
+
     out: list[int] = []
     start = after
     while start < end:
-        nxt = next(p for p in points if p > start)  # (`end` is the last point)
-        for p in points:
-            if p <= nxt:
-                continue
-            size = rows = 0
-            for e, b, r in bronze:
-                if start < e <= p:
-                    size, rows = size + b, rows + r
+        k = bisect.bisect_right(points, start)  # the first point past `start` (`end` is the last point)
+        nxt = points[k]
+        for p in points[k + 1:]:
+            size, rows = covered(start, p)
             if size > max_bytes or rows > max_rows:
                 break
             nxt = p
@@ -365,16 +357,33 @@ def _range_files(paths: LakePaths, after: Lsn, to: Lsn) -> list[BronzeFile]:
     return files_for_range(list_bronze(paths.root), after, to)
 
 
-def _decode_slice(cfg: Config, source: str, files: list[BronzeFile], changes_path: str, after: Lsn, to: Lsn,
-                  end: Lsn, *, first: bool, known: set[tuple[str, str]] | None) -> int:
-    """The changes of `files` with after < commit_end_lsn, commit_lsn <= to, written into the scratch silver table
-    as one commit whose decode watermark is `end` (the first one replaces the table). Returns the rows added."""
-    from slotlake.decode import silver_write
-    from slotlake.decode.job import MAX_HELD_ROWS, _footer_summary, _write_files
+def _slices(cfg: Config, files: Sequence[BronzeFile]) -> Iterator[tuple[list[BronzeFile], Any, bool]]:
+    """`files` (in LSN order) a slice at a time, as the sync decodes them (`decode.job.in_process_slice`: at most
+    `spark.in_process_bytes` and a slice's rows): (the slice's files, their frame summary, whether it is the last).
+    Declined at a file bigger than a slice, or without the extract's frame summary."""
+    from slotlake.decode.job import MAX_HELD_ROWS, _footer_summary, in_process_slice
 
-    summary = _footer_summary(files, MAX_HELD_ROWS)
-    if summary is None:
-        raise _Declined("a bronze file without the extract's frame summary")
+    todo = list(files)
+    while todo:
+        chunk = in_process_slice(todo, cfg.spark.in_process_bytes)
+        if not chunk:
+            raise _Declined(f"bronze file {todo[0].name} alone holds more than {cfg.spark.in_process_bytes:,} "
+                            "bytes or a slice's rows")
+        todo = todo[len(chunk):]
+        summary = _footer_summary(chunk, MAX_HELD_ROWS)
+        if summary is None:
+            raise _Declined("a bronze file without the extract's frame summary")
+        yield chunk, summary, not todo
+
+
+def _decode_slice(cfg: Config, source: str, files: list[BronzeFile], summary: Any, changes_path: str, after: Lsn,
+                  to: Lsn, end: Lsn, *, first: bool, known: set[tuple[str, str]] | None) -> int:
+    """The changes of `files` (`summary`: their frame summary) with after < commit_end_lsn, commit_lsn <= to,
+    written into the scratch silver table as one commit whose decode watermark is `end` (the first one replaces
+    the table). Returns the rows added."""
+    from slotlake.decode import silver_write
+    from slotlake.decode.job import MAX_HELD_ROWS, _write_files
+
     written = _write_files(None, files, summary, MAX_HELD_ROWS, changes_path, window=(after.value, to.value),
                            in_driver=True)
     if known is not None:
