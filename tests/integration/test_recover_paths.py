@@ -223,3 +223,24 @@ def test_recover_into_postgres_without_the_enum_type_fails_in_one_line_and_creat
             assert conn.execute("SELECT to_regclass('recovered.\"Typed\"')").fetchone()[0] is None
     finally:
         pg_server.psql(f"DROP DATABASE IF EXISTS {other} WITH (FORCE)")
+
+
+def test_recover_in_process_reads_the_history_table_as_the_spark_app_does(slake, tmp_path):
+    """`recover_in_process` (no JVM) reads the history table at each point (soft deletes, arrays, jsonb, uuid,
+    bytea, an enum, quoted names) and writes the recorded state, into Delta and into PostgreSQL with the types,
+    key and NOT NULL the Spark app gives them (test_recover_into_postgres_keeps_types_quoted_names_and_not_null)."""
+    from slotlake.recover.point import request
+    from slotlake.recover.point_in_process import recover_in_process
+
+    for i, (lsn, _) in enumerate(slake.points):
+        dest = str(tmp_path / f"here_{i}")
+        result = recover_in_process(slake.cfg, *request("src", str(lsn), [TYPED], dest))
+        assert result is not None and result.from_history == (TYPED,), i  # not declined: done in this process
+        assert_gold_equals_pg(f"{dest}/public/Typed", slake.dsn, _recorded(i))
+    for i in (0, 3):
+        result = recover_in_process(slake.cfg, *request("src", str(slake.points[i][0]), [TYPED], slake.dsn,
+                                                        into_schema=f"typed_here_{i}"))
+        assert result is not None and [(t.table, t.written_to) for t in result.tables] == [
+            (TYPED, f'typed_here_{i}."Typed"')]
+        assert_pg_tables_equal(slake.dsn, f'typed_here_{i}."Typed"', _recorded(i))
+        assert _not_null(slake.dsn, f'typed_here_{i}."Typed"') == ["id", "tags", "uid"]

@@ -224,7 +224,62 @@ def test_cli_transactions_and_undo(pg_db, tmp_path):
     p = cli("undo", "src", "--xid", str(xid), "--out", str(out))
     assert p.returncode == 0, p.stderr
     assert f"transaction {xid}" in p.stdout
+    assert "in this process" in p.stderr, p.stderr[-3000:]  # no Spark session (recover/undo_in_process.py)
     assert _apply(pg_db, out.read_text()).returncode == 0
     assert _state(pg_db, "public.acct") == before
     p = cli("undo", "src", "--xid", "7")
     assert p.returncode == 1 and p.stderr.strip().splitlines()[-1].startswith("slotlake: error: xid 7 is not in")
+
+
+def test_undo_without_spark_writes_the_spark_states_script(spark, pg_db, tmp_path, caplog):
+    """A transaction the in-process merge takes (no key change, no unchanged TOAST, FULL rows only inserted):
+    `undo` without a Spark session builds both states in this process (`recover/undo_in_process.py`) and writes
+    the script the Spark states give, line for line; applied, it brings both tables back to the state recorded
+    just before the transaction."""
+    import logging
+
+    cfg = parse_config({"lake": str(tmp_path / "lake"), "spark": {"master": "local[2]"},
+                        "sources": {"src": {"dsn": pg_db, "tables": ["public.acct", "public.ev"]}}})
+    _sql(pg_db,
+         "CREATE TABLE acct (id int PRIMARY KEY, owner text NOT NULL, balance numeric(12,2), at timestamptz, "
+         "born date, ok boolean)",
+         "CREATE TABLE ev (kind text, qty int)", "ALTER TABLE ev REPLICA IDENTITY FULL", "CREATE SCHEMA recorded",
+         "INSERT INTO acct SELECT g, 'owner ' || g, g * 10.5, '2024-03-01 09:14:00.123456+02'::timestamptz + "
+         "g * interval '1 day', date '2020-02-29' + g, g % 3 = 0 FROM generate_series(1, 12) g",
+         "INSERT INTO ev VALUES ('a', 1), ('a', 1), ('b', 2)")
+    run_preflight(cfg, cfg.source("src"))
+    _sync(spark, cfg)
+    _sql(pg_db, "UPDATE acct SET balance = balance + 1 WHERE id <= 3", "INSERT INTO ev VALUES ('c', 3)")
+    _sync(spark, cfg)
+    _sql(pg_db, "UPDATE acct SET owner = 'just before' WHERE id = 4", "INSERT INTO acct VALUES (20, 'twenty')")
+    _sql(pg_db, "CREATE TABLE recorded.acct AS SELECT * FROM acct", "CREATE TABLE recorded.ev AS SELECT * FROM ev")
+    bad = _xid_of(pg_db,
+                  "INSERT INTO acct (id, owner, balance) VALUES (100, 'bad', 1)",
+                  "UPDATE acct SET balance = 0, at = NULL WHERE id = 2",
+                  "DELETE FROM acct WHERE id = 6",  # DEFAULT identity: the old tuple holds only the key
+                  "UPDATE acct SET owner = 'twice-1' WHERE id = 3", "UPDATE acct SET owner = 'twice-2' WHERE id = 3",
+                  "INSERT INTO acct (id, owner) VALUES (101, 'new')",
+                  "UPDATE acct SET owner = 'new then changed' WHERE id = 101",
+                  "UPDATE acct SET owner = 'doomed' WHERE id = 8", "DELETE FROM acct WHERE id = 8",
+                  # FULL: inserts of rows gold does not hold (the in-process merge's append; other FULL changes
+                  # are Spark's), two of them identical
+                  "INSERT INTO ev VALUES ('z', 26), ('z', 26), ('y', NULL)")
+    _sql(pg_db, "UPDATE acct SET owner = 'after, other row' WHERE id = 1")
+    _sync(spark, cfg)
+
+    with caplog.at_level(logging.INFO, logger="slotlake"):
+        here = undo(cfg, "src", xid=bad)
+    assert "added by the transaction" in caplog.text and "in this process" in caplog.text, caplog.text[-3000:]
+    assert "the states of" not in caplog.text  # not handed to Spark
+    by_spark = undo(cfg, "src", xid=bad, spark=spark)
+    assert sorted(here.script.splitlines()) == sorted(by_spark.script.splitlines())
+    assert [(str(t.table), len(t.removed), len(t.added), t.after_counts) for t in here.tables] == \
+        [(str(t.table), len(t.removed), len(t.added), t.after_counts) for t in by_spark.tables]
+
+    p = _apply(pg_db, here.script)
+    assert p.returncode == 0, p.stderr
+    after = {t: _state(pg_db, f"public.{t}") for t in ("acct", "ev")}
+    expected = {t: _state(pg_db, f"recorded.{t}") for t in ("acct", "ev")}
+    assert after["ev"] == expected["ev"]
+    assert [r for r in after["acct"] if r[0] != "1"] == [r for r in expected["acct"] if r[0] != "1"]
+    assert not any(Path(LakePaths.of(cfg.lake, "src").root, "_undo").iterdir())  # scratch removed

@@ -15,7 +15,7 @@ from slotlake.catalog import CatalogColumn, CatalogVersion
 from slotlake.lsn import Lsn
 from slotlake.names import TableName
 from slotlake.recover.point import RecoverRequest
-from slotlake.recover.point_in_process import _postgres_rows, _projected, resolve_as_of
+from slotlake.recover.point_in_process import _history_at, _postgres_rows, _projected, _replayed, resolve_as_of
 
 pytestmark = pytest.mark.unit
 
@@ -55,8 +55,11 @@ def _version(*columns: tuple[str, int, int]) -> CatalogVersion:
                           origin="relation")
 
 
+T = TableName("public", "t")
+
+
 def test_projection_takes_the_columns_at_the_point_and_the_rows_leave_out_soft_deletes(tmp_path):
-    gold = tmp_path / "gold"
+    gold = tmp_path / "tables" / "public" / "t"  # where the replay leaves the table's state
     write_deltalake(str(gold), pa.table({
         "id": pa.array([1, 2, 3], pa.int32()),
         "legacy": pa.array(["a", "b", "c"]),  # dropped before the point: left out
@@ -65,34 +68,60 @@ def test_projection_takes_the_columns_at_the_point_and_the_rows_leave_out_soft_d
     }))
     version = _version(("id", INT4, -1), ("price", NUMERIC, (12 << 16 | 2) + 4), ("name", TEXT, -1))
     req = RecoverRequest(source="src", as_of=Lsn(5), tables=(TableName("public", "t"),), to_postgres="dbname=x")
-    scanner = _projected("src", req, TableName("public", "t"), Lsn(5), [version], str(gold))
+    scanner = _projected("src", req, T, Lsn(5), [version], *_replayed("src", T, Lsn(5), str(tmp_path)))
     got = scanner.to_table()
     assert got.schema.names == ["id", "price", "name", "_slotlake_deleted"]
     assert got.schema.field("price").type == pa.decimal128(12, 2)  # added, never changed since: NULL of gold's type
     assert got.column("price").null_count == 3
-    scanner = _projected("src", req, TableName("public", "t"), Lsn(5), [version], str(gold))
+    scanner = _projected("src", req, T, Lsn(5), [version], *_replayed("src", T, Lsn(5), str(tmp_path)))
     assert sorted(_postgres_rows(scanner)) == [(1, None, "x"), (3, None, "z")]  # row 2 soft-deleted
 
 
 def test_a_table_without_state_or_columns_at_the_point_is_refused(tmp_path):
     from slotlake.errors import RecoverError
 
-    req = RecoverRequest(source="src", as_of=Lsn(5), tables=(TableName("public", "t"),), to_postgres="dbname=x")
+    req = RecoverRequest(source="src", as_of=Lsn(5), tables=(T,), to_postgres="dbname=x")
     with pytest.raises(RecoverError, match=r"public\.t has no state at 0/5 .*slotlake status src"):
-        _projected("src", req, TableName("public", "t"), Lsn(5), [], str(tmp_path / "none"))
-    write_deltalake(str(tmp_path / "gold"), pa.table({"id": pa.array([1], pa.int32())}))
+        _replayed("src", T, Lsn(5), str(tmp_path))
+    write_deltalake(str(tmp_path / "tables" / "public" / "t"), pa.table({"id": pa.array([1], pa.int32())}))
     with pytest.raises(RecoverError, match=r"no column definition in _catalog at 0/5 .*--to a Delta folder"):
-        _projected("src", req, TableName("public", "t"), Lsn(5), [], str(tmp_path / "gold"))
+        _projected("src", req, T, Lsn(5), [], *_replayed("src", T, Lsn(5), str(tmp_path)))
+
+
+def test_history_gives_the_versions_valid_at_the_point_shaped_like_gold(tmp_path):
+    """valid_from <= L < valid_to (NULL: still open), as `history_job.history_as_of`; the version's commit LSN and
+    time become `_slotlake_lsn` and `_slotlake_commit_ts`."""
+    path = tmp_path / "gold_history"
+    write_deltalake(str(path), pa.table({
+        "id": pa.array([1, 1, 2, 3], pa.int32()),
+        "v": pa.array(["a", "b", "c", "d"]),
+        "_slotlake_valid_from_lsn": pa.array([10, 20, 15, 30], pa.int64()),
+        "_slotlake_valid_to_lsn": pa.array([20, None, 25, None], pa.int64()),
+        "_slotlake_valid_from_ts": pa.array([T0] * 4, pa.timestamp("us", tz="UTC")),
+        "_slotlake_valid_to_ts": pa.array([None] * 4, pa.timestamp("us", tz="UTC")),
+        "_slotlake_op": pa.array(["I", "U", "I", "I"]),
+    }))
+    req = RecoverRequest(source="src", as_of=Lsn(20), tables=(T,), to_delta=str(tmp_path / "out"))
+
+    def at(lsn: int) -> list[dict]:
+        got = _projected("src", req, T, Lsn(lsn), [], *_history_at(str(path), Lsn(lsn))).to_table()
+        assert got.schema.names == ["id", "v", "_slotlake_lsn", "_slotlake_commit_ts"]
+        return sorted(got.to_pylist(), key=lambda r: r["id"])
+
+    assert [(r["id"], r["v"], r["_slotlake_lsn"]) for r in at(19)] == [(1, "a", 10), (2, "c", 15)]
+    assert [(r["id"], r["v"], r["_slotlake_lsn"]) for r in at(20)] == [(1, "b", 20), (2, "c", 15)]  # 20 ends "a"
+    assert [(r["id"], r["v"]) for r in at(30)] == [(1, "b"), (3, "d")]  # 25 ended id 2
+    assert at(5) == []
 
 
 def test_rows_keep_python_values_psycopg_copies(tmp_path):
-    gold = tmp_path / "gold"
+    gold = tmp_path / "tables" / "public" / "t"
     write_deltalake(str(gold), pa.table({
         "id": pa.array([1], pa.int64()),
         "amount": pa.array([Decimal("12.30")], pa.decimal128(12, 2)),
         "at": pa.array([T0], pa.timestamp("us", tz="UTC")),
     }))
-    req = RecoverRequest(source="src", as_of=Lsn(5), tables=(TableName("public", "t"),), to_delta=str(tmp_path))
+    req = RecoverRequest(source="src", as_of=Lsn(5), tables=(T,), to_delta=str(tmp_path))
     # a table dropped before the point (no catalog version), into Delta: gold's columns as they are
-    [row] = list(_postgres_rows(_projected("src", req, TableName("public", "t"), Lsn(5), [], str(gold))))
+    [row] = list(_postgres_rows(_projected("src", req, T, Lsn(5), [], *_replayed("src", T, Lsn(5), str(tmp_path)))))
     assert row == (1, Decimal("12.30"), T0) and row[2].utcoffset() == timedelta(0)  # aware: psycopg sends +00

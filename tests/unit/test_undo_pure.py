@@ -150,3 +150,18 @@ def test_transaction_list_prints_one_line_per_transaction_and_table():
         "                                                             public.orders    0    0   12      0"]
     assert TransactionList("src", Lsn(5), Lsn(500), False, ()).lines() == [
         "transactions src: 0 commit(s) in (0/5, 0/1F4]"]
+
+
+def test_except_all_is_a_multiset_difference_with_spark_equality():
+    """`undo_in_process._except_all`: rows EXCEPT ALL others, duplicates counted, NULL equal to NULL, NaN to NaN,
+    lists compared by value; the rows left keep their order."""
+    from collections import Counter
+
+    from slotlake.recover.undo_in_process import _except_all, _hashable
+
+    a = [{"k": "a", "v": 1}, {"k": "a", "v": 1}, {"k": "b", "v": None}, {"k": "n", "v": float("nan")},
+         {"k": "l", "v": [1, None]}, {"k": "c", "v": 3}]
+    b = [{"k": "a", "v": 1}, {"k": "b", "v": None}, {"k": "n", "v": float("nan")}, {"k": "l", "v": [1, None]}]
+    assert _except_all(a, Counter(map(_hashable, a)), Counter(map(_hashable, b))) == [{"k": "a", "v": 1},
+                                                                                      {"k": "c", "v": 3}]
+    assert _except_all(b, Counter(map(_hashable, b)), Counter(map(_hashable, a))) == []

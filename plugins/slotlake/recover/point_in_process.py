@@ -1,18 +1,22 @@
 """A recovery without Spark: the same result as `point_job.run_recover`, in the caller's process.
 
     POINT ──(silver: last commit at or before it, read with pyarrow)──▶ commit LSN L, checked as run_recover checks
-    the tables: `replay_in_process` --dest scratch, from = to = L (gold's recorded state <= L, time travel, + the
+    a table whose history table covers L: its versions valid at L (pyarrow)
+    the others: `replay_in_process` --dest scratch, from = to = L (gold's recorded state <= L, time travel, + the
                 archived changes up to L re-decoded and merged without a JVM)
     scratch table ──project onto the `_catalog` columns at L (pyarrow)──▶ DEST/<schema>/<table> (delta-rs)
                                                                      └──▶ COPY into <into-schema>.<table>
 
+A table whose history table covers L is read from it instead (the versions valid at L, as
+`history_job.history_as_of` selects them, with pyarrow), as the Spark app does.
+
 The Spark app started a JVM for every recovery, a one-row question included (30-40 s on 2 cores). It declines
 (returns None, nothing written to the target; the caller runs the Spark app, which does the whole recovery) where
-the in-process replay declines (`replay_in_process`), for a table with a history table (its rows are read from
-it by Spark), for an object-store lake or target, for a target table whose names need Delta column mapping, for a
-column of a type pyarrow does not hold as gold does, and when a value cannot be turned into a Python value for
-the COPY (the transaction is rolled back first). The checks of the point against the lake (`check_point`,
-`check_resolved`) are the Spark app's too.
+the in-process replay declines (`replay_in_process`), for a history table delta-rs does not read as Spark wrote it
+(column mapping, deletion vectors), for an object-store lake or target, for a target table whose names need Delta
+column mapping, for a column of a type pyarrow does not hold as gold does, and when a value cannot be turned into
+a Python value for the COPY (the transaction is rolled back first). The checks of the point against the lake
+(`check_point`, `check_resolved`) are the Spark app's too.
 """
 from __future__ import annotations
 
@@ -105,15 +109,17 @@ def recover_in_process(cfg: Config, req: RecoverRequest, password: str | None = 
                                "--replace to overwrite, or choose another --to")
     scratch = paths.scratch("recover")
     try:
-        if any(delta_log.is_delta_table(paths.gold_history(*t)) for t in req.tables):
-            raise _Declined("a table with a history table (Spark reads it)")
-        replayed = replay_in_process(cfg, ReplayRequest(source=source, from_=lsn, to=lsn, tables=req.tables,
-                                                        dest=f"{scratch}/tables"))
-        if replayed is None:
+        # A table whose history table covers L is read from it (no re-decode); the others are rebuilt by replay.
+        from_history = tuple(t for t in req.tables if _history_covers(paths, t, lsn))
+        replayed = tuple(t for t in req.tables if t not in from_history)
+        if replayed and replay_in_process(cfg, ReplayRequest(source=source, from_=lsn, to=lsn, tables=replayed,
+                                                             dest=f"{scratch}/tables")) is None:
             raise _Declined("the replay to the point is Spark's")
         catalog = read_catalog(None, paths.catalog)
-        built = [(t, version_at(catalog, t, lsn), _projected(source, req, t, lsn, catalog,
-                                                             table_dir(f"{scratch}/tables", *t)))
+        built = [(t, version_at(catalog, t, lsn),
+                  _projected(source, req, t, lsn, catalog, *(_history_at(paths.gold_history(*t), lsn)
+                                                             if t in from_history
+                                                             else _replayed(source, t, lsn, scratch))))
                  for t in req.tables]
         if req.to_postgres is not None:
             tables = _to_postgres(req, built, password)
@@ -125,9 +131,9 @@ def recover_in_process(cfg: Config, req: RecoverRequest, password: str | None = 
     finally:
         shutil.rmtree(storage.local_path(scratch), ignore_errors=True)
     result = RecoverResult(source=source, as_of=format_point(req.as_of), lsn=lsn, commit_ts=commit_ts,
-                           target=req.target, tables=tuple(tables))
-    log.info("recover %s: %d table(s) at %s into %s, in this process (%.1fs)", source, len(tables), lsn, req.target,
-             time.monotonic() - started)
+                           target=req.target, tables=tuple(tables), from_history=tuple(map(str, from_history)))
+    log.info("recover %s: %d table(s) at %s into %s (%d from history), in this process (%.1fs)", source,
+             len(tables), lsn, req.target, len(from_history), time.monotonic() - started)
     return result
 
 
@@ -159,29 +165,88 @@ def resolve_as_of(changes_path: str, point: Point) -> tuple[Lsn, datetime | None
     return (Lsn(max(first - 1, 0)) if first is not None else Lsn(0)), None, last_lsn
 
 
+def _history_covers(paths: LakePaths, table: TableName, lsn: Lsn) -> bool:
+    """Whether `table`'s history table answers the state at `lsn` (`point_job._history_covers`; its coverage read
+    from its Delta log)."""
+    from slotlake.merge.history_job import history_coverage
+
+    coverage = history_coverage(None, paths.gold_history(*table))  # type: ignore[arg-type]  # a local log: no Spark
+    return coverage is not None and coverage.covers(lsn)
+
+
+def _open(path: str):
+    """The Delta table at `path` as a pyarrow dataset; declined for one delta-rs does not read as Spark does."""
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
+
+    from slotlake.merge.plan import COLUMN_MAPPING, DELETION_VECTORS
+
+    try:
+        table = DeltaTable(str(storage.local_path(path)))
+        props = table.metadata().configuration or {}
+        if props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true" \
+                or "deletionVectors" in (table.protocol().reader_features or []):
+            raise _Declined(f"{path} maps columns or has deletion vectors")
+        return table.to_pyarrow_dataset(parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
+    except DeltaError as e:
+        raise _Declined(f"{path} not read with delta-rs ({type(e).__name__}: {e})") from None
+
+
+def _history_at(path: str, lsn: Lsn) -> tuple[Any, Any, dict[str, Any]]:
+    """The versions of a history table valid at commit LSN `lsn`, shaped like gold (`history_job.history_as_of`:
+    valid_from <= L < valid_to): (dataset, filter, the `_slotlake_*` columns as expressions)."""
+    import pyarrow.dataset as ds
+
+    from slotlake.contracts import (
+        COMMIT_TS_COL,
+        DUP_COL,
+        LSN_COL,
+        VALID_FROM_LSN_COL,
+        VALID_FROM_TS_COL,
+        VALID_TO_LSN_COL,
+    )
+
+    data = _open(path)
+    at = (ds.field(VALID_FROM_LSN_COL) <= int(lsn)) & (
+        ds.field(VALID_TO_LSN_COL).is_null() | (ds.field(VALID_TO_LSN_COL) > int(lsn)))
+    own = {LSN_COL: ds.field(VALID_FROM_LSN_COL), COMMIT_TS_COL: ds.field(VALID_FROM_TS_COL)}
+    if DUP_COL in data.schema.names:
+        own[DUP_COL] = ds.field(DUP_COL)
+    return data, at, own
+
+
+def _replayed(source: str, table: TableName, lsn: Lsn, scratch: str) -> tuple[Any, Any, dict[str, Any]]:
+    """The replayed state of `table` at `lsn` in the scratch folder: (dataset, no filter, its `_slotlake_*`
+    columns as they are)."""
+    import pyarrow.dataset as ds
+
+    path = table_dir(f"{scratch}/tables", *table)
+    if not delta_log.is_delta_table(path):
+        raise RecoverError(f"recover {source}: {table} has no state at {lsn} (no gold table and no archived "
+                           f"change up to it); check the name (`slotlake status {source}` lists the tables)")
+    data = _open(path)
+    return data, None, {n: ds.field(n) for n in data.schema.names if n.startswith("_slotlake_")}
+
+
 def _projected(source: str, req: RecoverRequest, table: TableName, lsn: Lsn, catalog: Sequence[CatalogVersion],
-               path: str):
-    """The recovered rows of `table` as a pyarrow scanner: gold's columns projected onto the `_catalog` version at
-    `lsn` (its order; a column gold never got is NULL of its gold type) and the `_slotlake_*` ones (`_at_point`)."""
+               data, where, own: dict[str, Any]):
+    """The recovered rows of `table` as a pyarrow scanner over `data` (rows matching `where`, None: all): its
+    columns projected onto the `_catalog` version at `lsn` (its order; a column gold never got is NULL of its gold
+    type) and the `_slotlake_*` columns `own` (`point_job._at_point`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
 
     from slotlake.decode.types import gold_type
     from slotlake.merge.arrow_values import arrow_type
     from slotlake.merge.plan import needs_column_mapping
 
-    if not delta_log.is_delta_table(path):
-        raise RecoverError(f"recover {source}: {table} has no state at {lsn} (no gold table and no archived "
-                           f"change up to it); check the name (`slotlake status {source}` lists the tables)")
     version = version_at(catalog, table, lsn)
     if version is None and req.to_postgres is not None:
         raise RecoverError(f"recover {source}: {table} has no column definition in _catalog at {lsn} (dropped "
                            "before it?); recover it --to a Delta folder instead")
-    data = DeltaTable(str(storage.local_path(path))).to_pyarrow_dataset(
-        parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
-    names = data.schema.names
+    names = [n for n in data.schema.names if not n.startswith("_slotlake_")]
     if version is None:
         columns: dict[str, Any] = {n: ds.field(n) for n in names}
     else:
@@ -194,10 +259,10 @@ def _projected(source: str, req: RecoverRequest, table: TableName, lsn: Lsn, cat
             if kind is None:
                 raise _Declined(f"{table}.{c.name}: a column gold never got, of a type written by Spark")
             columns[c.name] = pc.scalar(pa.scalar(None, kind))
-        columns.update((n, ds.field(n)) for n in names if n.startswith("_slotlake_"))
+    columns.update(own)
     if req.to_delta is not None and needs_column_mapping(columns):
         raise _Declined(f"{table}: column names that need Delta column mapping")
-    return data.scanner(columns=columns, batch_size=65_536)
+    return data.scanner(columns=columns, filter=where, batch_size=65_536)
 
 
 def _to_delta(req: RecoverRequest, table: TableName, data) -> RecoveredTable:

@@ -97,7 +97,7 @@ def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
         for (s, t), base in sorted(bases.items()):  # first: a gold table only Spark reads declines before any write
             _copy_state(paths.gold(s, t), base, targets[(s, t)])
         if dest is not None:
-            decoded, slices = _decode_and_merge(cfg, req, paths, tables, lambda s, t: targets[(s, t)],
+            decoded, slices = _decode_and_merge(cfg, source, paths, tables, lambda s, t: targets[(s, t)],
                                                 f"{scratch}/changes", after, to, known)
         else:
             decoded = _replace_silver(cfg, req, paths, after, to, silver_end, frm, known)
@@ -117,6 +117,21 @@ def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
                                        for (s, t), b in sorted(bases.items())))
     log.info("%s (in this process, %d slice(s), %.1fs)", result.summary(), slices, time.monotonic() - started)
     return result
+
+
+def apply_range(cfg: Config, source: str, names: Sequence[TableName], gold_of, after: Lsn, to: Lsn,
+                scratch: str) -> int | None:
+    """The archived changes with after < commit_end_lsn, commit_lsn <= to re-decoded from bronze into a scratch
+    silver table under `scratch`, slice by slice, each merged into the `gold_of` tables of `names` (which exist,
+    holding a watermark) up to its end, as a `--dest` replay does. Returns the changes re-decoded; None when this
+    process declines (the reason logged; whatever it merged stays in the `gold_of` tables)."""
+    paths = LakePaths.of(cfg.lake, source)
+    try:
+        decoded, _ = _decode_and_merge(cfg, source, paths, names, gold_of, f"{scratch}/changes", after, to, None)
+    except _Declined as why:
+        log.info("apply %s (%s, %s] in this process declined (%s)", source, after, to, why)
+        return None
+    return decoded
 
 
 def _resolve(changes_path: str, point: Point) -> Lsn:
@@ -167,7 +182,7 @@ def _copy_state(gold: str, base: tuple[Lsn, int], target: str) -> None:
         raise _Declined(f"{gold} as of version {base[1]} not copied with delta-rs ({type(e).__name__}: {e})") from None
 
 
-def _decode_and_merge(cfg: Config, req: ReplayRequest, paths: LakePaths, names: Sequence[TableName], gold_of,
+def _decode_and_merge(cfg: Config, source: str, paths: LakePaths, names: Sequence[TableName], gold_of,
                       scratch_changes: str, after: Lsn, to: Lsn,
                       known: set[tuple[str, str]] | None) -> tuple[int, int]:
     """The re-decode of (after, to] from bronze into `scratch_changes`, slice by slice, each slice merged into the
@@ -176,7 +191,6 @@ def _decode_and_merge(cfg: Config, req: ReplayRequest, paths: LakePaths, names: 
     re-decoded, slices)."""
     from slotlake.merge.in_process import merge_into
 
-    source = req.source
     decoded = slices = 0
     for chunk, summary, last in _slices(cfg, _range_files(paths, after, to)):
         end = to if last else min(chunk[-1].end_lsn, to)

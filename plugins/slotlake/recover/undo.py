@@ -7,9 +7,11 @@
                ── version a: the state just after it
     removed = b EXCEPT ALL a, added = a EXCEPT ALL b  (typed, Arrow)  ──▶ render_script ──▶ SQL
 
-The merge engine builds both states, so a DEFAULT-identity delete (which carries only the key) gets its full
-before-image, unchanged TOAST columns keep their values, a key change is a row gone under the old key and a row
-added under the new one, and several changes of one row in the transaction collapse to (before, after).
+The states are built without Spark where `undo_in_process` can (the in-process replay and merge: no key change,
+unchanged TOAST value or FULL-identity update or delete in the transaction, no `spark` passed), else by Spark's.
+The merge engine builds both states either way, so a DEFAULT-identity delete (which carries only the key) gets its
+full before-image, unchanged TOAST columns keep their values, a key change is a row gone under the old key and a
+row added under the new one, and several changes of one row in the transaction collapse to (before, after).
 
 The script (pure text, `render_script`) runs in ONE transaction: it locks the tables (EXCLUSIVE: others may read,
 nobody writes until it ends), checks every row the transaction left against its after-image (keyed table: the row
@@ -24,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import shutil
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -32,6 +35,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
+from slotlake import storage
 from slotlake.config import Config
 from slotlake.contracts import STAGE_DECODE, CommitMeta
 from slotlake.errors import SlotlakeError
@@ -390,7 +394,7 @@ def catalog_types(cfg: Config, source: str, rel_oid: int, at: Lsn) -> dict[str, 
     return {c["name"]: c["type_name"] for c in best["columns"]}
 
 
-# ---- the states before and after (Spark: the merge engine) -------------------------------------------------
+# ---- the states before and after (Spark; `undo_in_process` without it) ----------------------------------------
 
 def _table_undo(spark, cfg: Config, ref: TransactionRef, touched: TableTouched, scratch: str) -> TableUndo:
     from delta.tables import DeltaTable
@@ -435,9 +439,26 @@ def _table_undo(spark, cfg: Config, ref: TransactionRef, touched: TableTouched, 
     b = (live(spark.read.format("delta").option("versionAsOf", before_version).load(target)).select(*cols_of)
          if before_version is not None else spark.createDataFrame([], a.schema))
     removed, added = b.exceptAll(a), a.exceptAll(b)
-    removed_rows, added_rows = removed.toArrow().to_pylist(), added.toArrow().to_pylist()
-    types = catalog_types(cfg, source, touched.rel_oid, ref.commit_lsn)
-    cols = tuple(Column(c, types.get(c)) for c in names)
+
+    def count_after(rows: list[dict[str, Any]]) -> list[int]:
+        counts = a.groupBy(*cols_of).count()
+        wanted = spark.createDataFrame([tuple(r[c] for c in names) for r in rows], a.schema)
+        cond = [wanted[spark_ident(c)].eqNullSafe(counts[spark_ident(c)]) for c in names]
+        joined = wanted.join(counts, cond, "left").select(*[wanted[spark_ident(c)] for c in names], counts["count"])
+        got = {tuple(sql_literal(r[c], Column(c, None)) for c in names): r["count"] or 0
+               for r in joined.toArrow().to_pylist()}
+        return [got.get(tuple(sql_literal(r[c], Column(c, None)) for c in names), 0) for r in rows]
+
+    return _assemble(cfg, ref, touched, removed.toArrow().to_pylist(), added.toArrow().to_pylist(), count_after)
+
+
+def _assemble(cfg: Config, ref: TransactionRef, touched: TableTouched, removed_rows: list[dict[str, Any]],
+              added_rows: list[dict[str, Any]], count_after) -> TableUndo:
+    """One table's `TableUndo` from the rows the transaction removed and added (Spark's states or
+    `undo_in_process`'s); for FULL identity with `count_after(rows)`: how many rows equal to each the table held
+    right after the transaction."""
+    types = catalog_types(cfg, ref.source, touched.rel_oid, ref.commit_lsn)
+    cols = tuple(Column(c, types.get(c)) for c in touched.columns)
     key = () if touched.replica_identity == "f" else touched.key_columns
     undo = TableUndo(touched.table, cols, key, tuple(removed_rows), tuple(added_rows), moved=touched.moved)
     if key:
@@ -448,12 +469,27 @@ def _table_undo(spark, cfg: Config, ref: TransactionRef, touched: TableTouched, 
         distinct.setdefault(_row_key(undo, r), r)
     if not distinct:
         return undo
-    counts = a.groupBy(*cols_of).count()
-    wanted = spark.createDataFrame([tuple(r[c] for c in names) for r in distinct.values()], a.schema)
-    cond = [wanted[spark_ident(c)].eqNullSafe(counts[spark_ident(c)]) for c in names]
-    joined = wanted.join(counts, cond, "left").select(*[wanted[spark_ident(c)] for c in names], counts["count"])
-    got = {_row_key(undo, r): r["count"] or 0 for r in joined.toArrow().to_pylist()}
-    return dataclasses.replace(undo, after_counts=tuple(got.get(k, 0) for k in distinct))
+    return dataclasses.replace(undo, after_counts=tuple(count_after(list(distinct.values()))))
+
+
+def _tables_in_process(cfg: Config, ref: TransactionRef, touched: Sequence[TableTouched],
+                       scratch: str) -> tuple[TableUndo, ...] | None:
+    """Every table's `TableUndo` from states built without Spark (`undo_in_process`); None when that declines for
+    one of them (the Spark states then do all)."""
+    from slotlake.recover.undo_in_process import transaction_states
+
+    out = []
+    for i, t in enumerate(touched):
+        try:
+            got = transaction_states(cfg, ref.source, t.table, t.columns, ref.commit_lsn, f"{scratch}/{i}")
+        except KeyError as missing:
+            raise UndoError(f"{t.table}: columns {missing.args[0]} of the transaction's time are not in the "
+                            "lake's table; undo it by hand") from None
+        if got is None:
+            log.info("undo %s: the states of %s are Spark's", ref.source, t.table)
+            return None
+        out.append(_assemble(cfg, ref, t, *got))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -473,27 +509,40 @@ class UndoResult:
 
 def undo(cfg: Config, source: str, xid: int | None = None, commit_lsn: str | None = None,
          out: str | None = None, spark=None) -> UndoResult:
-    """Build the undo script of one transaction (see the module doc); writes it to `out` when given."""
-    from pyspark.sql import SparkSession
-
-    from slotlake.recover.replay_job import _delete_path
-    from slotlake.spark.session import get_spark
-
+    """Build the undo script of one transaction (see the module doc); writes it to `out` when given. The states
+    are built without Spark where `undo_in_process` can (no `spark` given), else with `spark` or a session of the
+    config's."""
     cfg.source(source)
     try:
         lsn = Lsn.parse(commit_lsn) if commit_lsn is not None else None
     except ValueError:
         raise UndoError(f"--commit-lsn {commit_lsn!r} is not an LSN (like 16/B374D848)") from None
     ref, touched = find_transaction(cfg, source, xid, lsn)
-    ours = spark is None and SparkSession.getActiveSession() is None
-    spark = spark or get_spark("slotlake-undo", cfg.spark.master, cfg.spark.conf, storage=cfg.storage)
-    scratch = LakePaths.of(cfg.lake, source).scratch("undo")
-    try:
-        tables = tuple(_table_undo(spark, cfg, ref, t, scratch) for t in touched)
-    finally:
-        _delete_path(spark, scratch)
-        if ours:
-            spark.stop()
+    paths = LakePaths.of(cfg.lake, source)
+    here = None
+    if spark is None and cfg.spark.in_process_bytes and not storage.is_s3(paths.root):
+        scratch = paths.scratch("undo")
+        try:
+            here = _tables_in_process(cfg, ref, touched, scratch)
+        finally:
+            shutil.rmtree(storage.local_path(scratch), ignore_errors=True)
+    if here is not None:
+        tables = here
+    else:
+        from pyspark.sql import SparkSession
+
+        from slotlake.recover.replay_job import _delete_path
+        from slotlake.spark.session import get_spark
+
+        ours = spark is None and SparkSession.getActiveSession() is None
+        spark = spark or get_spark("slotlake-undo", cfg.spark.master, cfg.spark.conf, storage=cfg.storage)
+        scratch = paths.scratch("undo")
+        try:
+            tables = tuple(_table_undo(spark, cfg, ref, t, scratch) for t in touched)
+        finally:
+            _delete_path(spark, scratch)
+            if ours:
+                spark.stop()
     script = render_script(ref, tables)
     if out:
         with open(out, "w", encoding="utf-8") as f:
