@@ -90,7 +90,7 @@ def test_an_in_place_replay_replaces_whole_silver_files_and_whole_bronze_files()
     import pytest
 
     from slotlake.merge.silver_stats import SilverFileStats
-    from slotlake.recover.replay_in_process import _Declined, _whole_files
+    from slotlake.recover.replay_in_process import Declined, _whole_files
 
     def f(path: str, e_min: int | None, e_max: int | None) -> SilverFileStats:  # (commit end LSNs e_min..e_max)
         return SilverFileStats("public", "public", "t", "t", commit_lsn_min=None, commit_end_lsn_max=e_max,
@@ -103,9 +103,9 @@ def test_an_in_place_replay_replaces_whole_silver_files_and_whole_bronze_files()
     assert _whole_files(stats, bronze_ends, 200, 250) == (200, 400, ["b", "c"])  # to inside b: up to b's file end
     assert _whole_files(stats, bronze_ends, 150, 250) == (9, 400, ["a", "b", "c"])  # after inside a: from a's start
     assert _whole_files(stats, bronze_ends, 0, 50) == (0, 200, ["a"])
-    with pytest.raises(_Declined, match="past the last decoded bronze file"):
+    with pytest.raises(Declined, match="past the last decoded bronze file"):
         _whole_files(stats, bronze_ends, 200, 450)
-    with pytest.raises(_Declined, match="without commit LSN statistics"):
+    with pytest.raises(Declined, match="without commit LSN statistics"):
         _whole_files([*stats, f("d", None, 300)], bronze_ends, 200, 400)
 
 

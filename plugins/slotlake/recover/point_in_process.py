@@ -46,12 +46,9 @@ from slotlake.recover.point import (
     version_at,
 )
 from slotlake.recover.replay import ReplayRequest, format_point
+from slotlake.recover.replay_in_process import Declined
 
 log = logging.getLogger(__name__)
-
-
-class _Declined(Exception):
-    """This recovery is not one done here; the Spark app does it."""
 
 
 def check_point(paths: LakePaths, source: str, point: Point) -> None:
@@ -114,7 +111,7 @@ def recover_in_process(cfg: Config, req: RecoverRequest, password: str | None = 
         replayed = tuple(t for t in req.tables if t not in from_history)
         if replayed and replay_in_process(cfg, ReplayRequest(source=source, from_=lsn, to=lsn, tables=replayed,
                                                              dest=f"{scratch}/tables")) is None:
-            raise _Declined("the replay to the point is Spark's")
+            raise Declined("the replay to the point is Spark's")
         catalog = read_catalog(None, paths.catalog)
         built = [(t, version_at(catalog, t, lsn),
                   _projected(source, req, t, lsn, catalog, *(_history_at(paths.gold_history(*t), lsn)
@@ -125,7 +122,7 @@ def recover_in_process(cfg: Config, req: RecoverRequest, password: str | None = 
             tables = _to_postgres(req, built, password)
         else:
             tables = [_to_delta(req, t, data) for t, _, data in built]
-    except _Declined as why:
+    except Declined as why:
         log.info("recover %s in this process declined (%s): the Spark app recovers", source, why)
         return None
     finally:
@@ -175,22 +172,16 @@ def _history_covers(paths: LakePaths, table: TableName, lsn: Lsn) -> bool:
 
 
 def _open(path: str):
-    """The Delta table at `path` as a pyarrow dataset; declined for one delta-rs does not read as Spark does."""
-    import pyarrow.dataset as ds
-    from deltalake import DeltaTable
+    """The Delta table at `path` as a pyarrow dataset (`replay_in_process.open_dataset`); declined for one delta-rs
+    does not read as Spark wrote it."""
     from deltalake.exceptions import DeltaError
 
-    from slotlake.merge.plan import COLUMN_MAPPING, DELETION_VECTORS
+    from slotlake.recover.replay_in_process import open_dataset
 
     try:
-        table = DeltaTable(str(storage.local_path(path)))
-        props = table.metadata().configuration or {}
-        if props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true" \
-                or "deletionVectors" in (table.protocol().reader_features or []):
-            raise _Declined(f"{path} maps columns or has deletion vectors")
-        return table.to_pyarrow_dataset(parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
+        return open_dataset(path)
     except DeltaError as e:
-        raise _Declined(f"{path} not read with delta-rs ({type(e).__name__}: {e})") from None
+        raise Declined(f"{path} not read with delta-rs ({type(e).__name__}: {e})") from None
 
 
 def _history_at(path: str, lsn: Lsn) -> tuple[Any, Any, dict[str, Any]]:
@@ -257,11 +248,11 @@ def _projected(source: str, req: RecoverRequest, table: TableName, lsn: Lsn, cat
                 continue
             kind = arrow_type(gold_type(c.type_oid, c.typmod))
             if kind is None:
-                raise _Declined(f"{table}.{c.name}: a column gold never got, of a type written by Spark")
+                raise Declined(f"{table}.{c.name}: a column gold never got, of a type written by Spark")
             columns[c.name] = pc.scalar(pa.scalar(None, kind))
     columns.update(own)
     if req.to_delta is not None and needs_column_mapping(columns):
-        raise _Declined(f"{table}: column names that need Delta column mapping")
+        raise Declined(f"{table}: column names that need Delta column mapping")
     return data.scanner(columns=columns, filter=where, batch_size=65_536)
 
 
@@ -305,5 +296,5 @@ def _to_postgres(req: RecoverRequest, built, password: str | None) -> list[Recov
     try:
         counts = load_tables(str(req.to_postgres), loads, req.replace, password)
     except (ValueError, OverflowError, pa.ArrowException) as e:  # the one transaction was rolled back
-        raise _Declined(f"a value pyarrow does not turn into Python ({type(e).__name__}: {e})") from None
+        raise Declined(f"a value pyarrow does not turn into Python ({type(e).__name__}: {e})") from None
     return [RecoveredTable(str(t), n, str(req.postgres_table(t))) for (t, _, _), n in zip(built, counts)]

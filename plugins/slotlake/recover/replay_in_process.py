@@ -52,8 +52,8 @@ from slotlake.recover.replay_job import (
 log = logging.getLogger(__name__)
 
 
-class _Declined(Exception):
-    """This replay is not one done here; the Spark app does it."""
+class Declined(Exception):
+    """This run is not one done here (a replay, or a recovery or undo built on one); the Spark app does it."""
 
 
 def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
@@ -77,14 +77,14 @@ def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
         check_range(req, paths, frm, to, silver_end)
         runs = runs_ends(paths.runs)
         if runs is None:
-            raise _Declined("`_runs` cannot be read with delta-rs")
+            raise Declined("`_runs` cannot be read with delta-rs")
         names = tables_to_rebuild(None, cfg, req, None, runs)
         found = {n: base_at(recorded_ends(None, runs, paths.gold(*n), *n), frm) for n in names}
         bases = {n: b for n, b in found.items() if b is not None}
         if not found or len(bases) < len(found):
-            raise _Declined("a table without a recorded state at or before --from (Spark builds it from the first "
+            raise Declined("a table without a recorded state at or before --from (Spark builds it from the first "
                             "archived change)")
-    except _Declined as why:
+    except Declined as why:
         log.info("replay %s in this process declined (%s): Spark replays", source, why)
         return None
     after = min(b[0] for b in bases.values())
@@ -103,7 +103,7 @@ def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
             decoded = _replace_silver(cfg, req, paths, after, to, silver_end, frm, known)
             slices = _merge_silver(cfg, req, paths, tables, lambda s, t: targets[(s, t)], after, silver_end)
             _write_back(paths, targets, replay_meta(silver_end, STAGE_MERGE, req, frm, to))
-    except _Declined as why:
+    except Declined as why:
         log.info("replay %s in this process declined (%s): Spark replays", source, why)
         if dest is not None:
             for target in targets.values():
@@ -128,7 +128,7 @@ def apply_range(cfg: Config, source: str, names: Sequence[TableName], gold_of, a
     paths = LakePaths.of(cfg.lake, source)
     try:
         decoded, _ = _decode_and_merge(cfg, source, paths, names, gold_of, f"{scratch}/changes", after, to, None)
-    except _Declined as why:
+    except Declined as why:
         log.info("apply %s (%s, %s] in this process declined (%s)", source, after, to, why)
         return None
     return decoded
@@ -155,31 +155,39 @@ def _resolve(changes_path: str, point: Point) -> Lsn:
     return Lsn(max(first - 1, 0)) if first is not None else Lsn(0)
 
 
+def open_dataset(path: str, version: int | None = None):
+    """The Delta table at `path` (as of `version`, else its latest) as a pyarrow dataset read with delta-rs;
+    Declined for a table delta-rs does not read as Spark wrote it (column mapping, deletion vectors). delta-rs's
+    own errors propagate."""
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    from slotlake.merge.plan import COLUMN_MAPPING, DELETION_VECTORS
+
+    table = DeltaTable(str(storage.local_path(path)), version=version)
+    props = table.metadata().configuration or {}
+    if props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true" \
+            or "deletionVectors" in (table.protocol().reader_features or []):
+        raise Declined(f"{path} maps columns or has deletion vectors")
+    return table.to_pyarrow_dataset(parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
+
+
 def _copy_state(gold: str, base: tuple[Lsn, int], target: str) -> None:
     """`target` := a new Delta table holding gold as of version `base[1]` (time travel), its commit marked with the
     merge watermark `base[0]` (what `replay_job.build_states` writes with Spark). Streamed batch by batch."""
     import pyarrow as pa
-    import pyarrow.dataset as ds
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
     from deltalake.exceptions import DeltaError
     from deltalake.transaction import CommitProperties
 
-    from slotlake.merge.plan import COLUMN_MAPPING, DELETION_VECTORS
-
     shutil.rmtree(storage.local_path(target), ignore_errors=True)  # a new table, as Spark's replay makes it
     try:
-        table = DeltaTable(str(storage.local_path(gold)), version=base[1])
-        props = table.metadata().configuration or {}
-        if props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true" \
-                or "deletionVectors" in (table.protocol().reader_features or []):
-            raise _Declined(f"{gold} maps columns or has deletion vectors")
-        data = table.to_pyarrow_dataset(
-            parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
+        data = open_dataset(gold, base[1])
         write_deltalake(str(storage.local_path(target)), data.scanner(batch_size=65_536).to_reader(),
                         mode="overwrite", commit_properties=CommitProperties(
                             custom_metadata={"userMetadata": CommitMeta(STAGE_MERGE, base[0]).json()}))
     except (DeltaError, pa.ArrowException, OSError) as e:  # (Spark's reader may still read it: it decides)
-        raise _Declined(f"{gold} as of version {base[1]} not copied with delta-rs ({type(e).__name__}: {e})") from None
+        raise Declined(f"{gold} as of version {base[1]} not copied with delta-rs ({type(e).__name__}: {e})") from None
 
 
 def _decode_and_merge(cfg: Config, source: str, paths: LakePaths, names: Sequence[TableName], gold_of,
@@ -199,7 +207,7 @@ def _decode_and_merge(cfg: Config, source: str, paths: LakePaths, names: Sequenc
         slices += 1
         if merge_into(cfg, source, scratch_changes, names, gold_of, end,
                       lambda mark, upto: _ddl_between(paths, mark, upto)) is None:
-            raise _Declined("a batch the in-process merge declined (logged above)")
+            raise Declined("a batch the in-process merge declined (logged above)")
     return decoded, slices
 
 
@@ -217,7 +225,7 @@ def _replace_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, after: Ls
         return 0  # no change in range: silver keeps its rows
     stats = silver_file_stats(paths.changes)
     if stats is None:
-        raise _Declined("silver's file statistics cannot be read")
+        raise Declined("silver's file statistics cannot be read")
     archived = list_bronze(paths.root)
     ends = sorted(f.end_lsn.value for f in archived if f.end_lsn <= silver_end)
     lo, hi, removed = _whole_files(stats, ends, after.value, to.value)
@@ -233,7 +241,7 @@ def _replace_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, after: Ls
                                     in_driver=True)
         if known is not None:
             _check_known(cfg, req.source, written, known)
-    except _Declined:
+    except Declined:
         for f in written:  # not committed: nothing refers to them
             storage.local_path(f"{paths.changes}/{f['path']}").unlink(missing_ok=True)
         raise
@@ -256,13 +264,13 @@ def _whole_files(stats: Sequence[SilverFileStats], bronze_ends: Sequence[int], a
     def file_end(lsn: int) -> int:  # the end of the bronze file holding a commit that ends at `lsn`
         i = bisect.bisect_left(bronze_ends, lsn)
         if i == len(bronze_ends):
-            raise _Declined(f"{Lsn(lsn)} is past the last decoded bronze file")
+            raise Declined(f"{Lsn(lsn)} is past the last decoded bronze file")
         return bronze_ends[i]
 
     bounds = []
     for f in stats:
         if f.commit_end_lsn_min is None or f.commit_end_lsn_max is None or f.path is None:
-            raise _Declined("a silver file without commit LSN statistics")
+            raise Declined("a silver file without commit LSN statistics")
         bounds.append((f.commit_end_lsn_min, f.commit_end_lsn_max, f.path))
     lo, hi = after, file_end(max(to, after + 1))
     while True:
@@ -289,7 +297,7 @@ def _merge_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, names: Sequ
 
     stats = silver_file_stats(paths.changes)
     if stats is None:
-        raise _Declined("silver's file statistics cannot be read")
+        raise Declined("silver's file statistics cannot be read")
     bronze = []
     for f in list_bronze(paths.root):
         if after < f.end_lsn <= silver_end:
@@ -299,7 +307,7 @@ def _merge_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, names: Sequ
     for end in ends:
         if merge_into(cfg, req.source, paths.changes, names, gold_of, Lsn(end),
                       lambda mark, upto: _ddl_between(paths, mark, upto)) is None:
-            raise _Declined("a batch the in-process merge declined (logged above)")
+            raise Declined("a batch the in-process merge declined (logged above)")
     return len(ends)
 
 
@@ -313,7 +321,7 @@ def _merge_ends(stats: Sequence[SilverFileStats], bronze: Sequence[tuple[int, in
         for f in stats:
             if f.commit_lsn_min is None or f.commit_lsn_max is None or f.commit_end_lsn_min is None \
                     or f.commit_end_lsn_max is None:
-                raise _Declined("a silver file without commit LSN statistics")
+                raise Declined("a silver file without commit LSN statistics")
             if f.commit_lsn_min <= c < f.commit_lsn_max or f.commit_end_lsn_min <= c < f.commit_end_lsn_max:
                 return True
         return False
@@ -362,7 +370,7 @@ def _write_back(paths: LakePaths, rebuilt: dict[tuple[str, str], str], user_meta
             write_deltalake(gold, data.scanner(batch_size=65_536).to_reader(), mode="overwrite",
                             commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}))
         except SchemaMismatchError as e:
-            raise _Declined(f"{s}.{t}: the rebuilt columns are not gold's ({e})") from None
+            raise Declined(f"{s}.{t}: the rebuilt columns are not gold's ({e})") from None
 
 
 def _range_files(paths: LakePaths, after: Lsn, to: Lsn) -> list[BronzeFile]:
@@ -381,12 +389,12 @@ def _slices(cfg: Config, files: Sequence[BronzeFile]) -> Iterator[tuple[list[Bro
     while todo:
         chunk = in_process_slice(todo, cfg.spark.in_process_bytes)
         if not chunk:
-            raise _Declined(f"bronze file {todo[0].name} alone holds more than {cfg.spark.in_process_bytes:,} "
+            raise Declined(f"bronze file {todo[0].name} alone holds more than {cfg.spark.in_process_bytes:,} "
                             "bytes or a slice's rows")
         todo = todo[len(chunk):]
         summary = _footer_summary(chunk, MAX_HELD_ROWS)
         if summary is None:
-            raise _Declined("a bronze file without the extract's frame summary")
+            raise Declined("a bronze file without the extract's frame summary")
         yield chunk, summary, not todo
 
 
@@ -405,7 +413,7 @@ def _decode_slice(cfg: Config, source: str, files: list[BronzeFile], summary: An
     meta = CommitMeta(STAGE_DECODE, end, {"after_lsn": str(after)}).json()
     if not silver_write.commit(changes_path, written, app_id=None, version=None, user_metadata=meta,
                                properties=contracts.SILVER_PROPERTIES, overwrite=first):
-        raise _Declined(f"{changes_path} is not a silver-shaped table")
+        raise Declined(f"{changes_path} is not a silver-shaped table")
     rows = sum(int(f["rows"]) for f in written)
     log.info("replay %s: re-decoded %d change(s) of %d bronze file(s) up to %s in this process", source, rows,
              len(files), end)
@@ -425,9 +433,9 @@ def _check_known(cfg: Config, source: str, written: Sequence[Mapping[str, Any]],
                                stats["minValues"].get("table_name"), stats["maxValues"].get("table_name"),
                                None, None).only_table()
         if only is None:
-            raise _Declined("a re-decoded file's table cannot be told from its statistics")
+            raise Declined("a re-decoded file's table cannot be told from its statistics")
         if (only.schema, only.name) not in known and src.syncs(str(only)):
-            raise _Declined(f"{only} has changes but no recorded state")
+            raise Declined(f"{only} has changes but no recorded state")
 
 
 def _ddl_between(paths: LakePaths, mark: Lsn, upto: Lsn) -> bool:
