@@ -440,14 +440,13 @@ def _table_undo(spark, cfg: Config, ref: TransactionRef, touched: TableTouched, 
          if before_version is not None else spark.createDataFrame([], a.schema))
     removed, added = b.exceptAll(a), a.exceptAll(b)
 
-    def count_after(rows: list[dict[str, Any]]) -> list[int]:
+    def count_after(rows: list[dict[str, Any]], key) -> list[int]:
         counts = a.groupBy(*cols_of).count()
         wanted = spark.createDataFrame([tuple(r[c] for c in names) for r in rows], a.schema)
         cond = [wanted[spark_ident(c)].eqNullSafe(counts[spark_ident(c)]) for c in names]
         joined = wanted.join(counts, cond, "left").select(*[wanted[spark_ident(c)] for c in names], counts["count"])
-        got = {tuple(sql_literal(r[c], Column(c, None)) for c in names): r["count"] or 0
-               for r in joined.toArrow().to_pylist()}
-        return [got.get(tuple(sql_literal(r[c], Column(c, None)) for c in names), 0) for r in rows]
+        got = {key(r): r["count"] or 0 for r in joined.toArrow().to_pylist()}
+        return [got.get(key(r), 0) for r in rows]
 
     return _assemble(cfg, ref, touched, removed.toArrow().to_pylist(), added.toArrow().to_pylist(), count_after)
 
@@ -455,8 +454,8 @@ def _table_undo(spark, cfg: Config, ref: TransactionRef, touched: TableTouched, 
 def _assemble(cfg: Config, ref: TransactionRef, touched: TableTouched, removed_rows: list[dict[str, Any]],
               added_rows: list[dict[str, Any]], count_after) -> TableUndo:
     """One table's `TableUndo` from the rows the transaction removed and added (Spark's states or
-    `undo_in_process`'s); for FULL identity with `count_after(rows)`: how many rows equal to each the table held
-    right after the transaction."""
+    `undo_in_process`'s); for FULL identity with `count_after(rows, key)`: how many rows equal to each (by `key`,
+    `_row_key`) the table held right after the transaction."""
     types = catalog_types(cfg, ref.source, touched.rel_oid, ref.commit_lsn)
     cols = tuple(Column(c, types.get(c)) for c in touched.columns)
     key = () if touched.replica_identity == "f" else touched.key_columns
@@ -469,7 +468,8 @@ def _assemble(cfg: Config, ref: TransactionRef, touched: TableTouched, removed_r
         distinct.setdefault(_row_key(undo, r), r)
     if not distinct:
         return undo
-    return dataclasses.replace(undo, after_counts=tuple(count_after(list(distinct.values()))))
+    return dataclasses.replace(undo, after_counts=tuple(count_after(list(distinct.values()),
+                                                                    lambda r: _row_key(undo, r))))
 
 
 def _tables_in_process(cfg: Config, ref: TransactionRef, touched: Sequence[TableTouched],

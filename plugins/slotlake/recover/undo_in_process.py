@@ -32,10 +32,10 @@ Rows = list[dict[str, Any]]
 
 
 def transaction_states(cfg: Config, source: str, table: TableName, columns: Sequence[str], commit_lsn: Lsn,
-                       scratch: str) -> tuple[Rows, Rows, Callable[[Rows], list[int]]] | None:
-    """(rows the transaction at `commit_lsn` removed from `table`, rows it added, `count_after(rows)`: how many
-    rows equal to each of `rows` the table held right after it), over `columns`, with soft-deleted rows left out;
-    None when this process declines (logged). Raises KeyError naming the columns the state lacks."""
+                       scratch: str) -> tuple[Rows, Rows, Callable[..., list[int]]] | None:
+    """(rows the transaction at `commit_lsn` removed from `table`, rows it added, `count_after(rows, key)`: how
+    many rows equal to each of `rows` by `key` the table held right after it), over `columns`, with soft-deleted
+    rows left out; None when this process declines (logged). Raises KeyError naming the columns the state lacks."""
     import pyarrow as pa
     from deltalake import DeltaTable
 
@@ -65,13 +65,13 @@ def transaction_states(cfg: Config, source: str, table: TableName, columns: Sequ
     removed = _except_all(removed_rows, b, a)
     added = _except_all(added_rows, a, b)
 
-    def count_after(rows: Rows) -> list[int]:
-        wanted = {_hashable(r): 0 for r in rows}
+    def count_after(rows: Rows, key: Callable[[dict[str, Any]], Any]) -> list[int]:
+        wanted = {key(r): 0 for r in rows}
         for row in _live_rows(sorted(a_files), columns, schema):
-            k = _hashable(row)
+            k = key(row)
             if k in wanted:
                 wanted[k] += 1
-        return [wanted[_hashable(r)] for r in rows]
+        return [wanted[key(r)] for r in rows]
 
     log.info("undo %s: %s: %d row(s) removed and %d added by the transaction at %s, in this process", source, table,
              len(removed), len(added), commit_lsn)
