@@ -16,7 +16,6 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import CronDataIntervalTimetable
-from airflow.sdk.exceptions import AirflowSkipException
 
 from slotlake.config import Config, SourceConfig
 from slotlake.spark.code import code_zip
@@ -87,7 +86,7 @@ def _release_lock(context: Mapping[str, Any], *_: Any) -> None:
         stack.close()
 
 
-Due = Callable[[Mapping[str, Any]], str | None]  # (task context) -> why the app must run, None: skip it
+Due = Callable[[Mapping[str, Any]], str]  # (task context) -> why the app runs; AirflowSkipException: skip it
 After = Callable[[Mapping[str, Any]], None]  # (task context) -> records what the app did (asset events)
 
 
@@ -111,10 +110,7 @@ def _pre_execute(app: SparkApp, due: Due | None, source: SourceConfig,
     connection's master, then the run lock."""
     def run(context: Mapping[str, Any]) -> None:
         if due is not None:
-            reason = due(context)
-            if reason is None:
-                raise AirflowSkipException(f"{app.name}: nothing due")  # no spark-submit: the task ends SKIPPED
-            log.info("%s: %s", app.name, reason)
+            log.info("%s: %s", app.name, due(context))  # (it raises AirflowSkipException to skip the app)
         if conn_id is not None:
             _target_connection(app, conn_id, context)
         _take_lock(source, context)
@@ -126,7 +122,7 @@ def spark_submit_task(app: SparkApp, task_id: str, conn_id: str, source: SourceC
                       after: After | None = None, **kwargs: Any) -> SparkSubmitOperator:
     """A SparkSubmitOperator running `app` exactly as `slotlake.spark.submit.run_spark_app` would, holding the
     source's run lock (`slotlake.source.lock`) while it runs; with `due`, it skips itself (before spark-submit)
-    when `due(context)` gives no reason to run; with `after`, calls it once the app succeeded (post_execute)."""
+    when `due(context)` raises AirflowSkipException; with `after`, calls it once the app succeeded (post_execute)."""
     return SparkSubmitOperator(
         task_id=task_id,
         application=app.application,
