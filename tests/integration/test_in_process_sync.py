@@ -1,8 +1,8 @@
 """A small batch decoded and merged in `slotlake sync`'s own process (no JVM: slotlake.merge.in_process), next to
 the same changes through the Spark apps (`spark.in_process_bytes: 0`) from the same database: both lakes' gold
-tables must hold the same rows, `_slotlake_` columns included, and equal PostgreSQL; batches the in-process merge
-cannot write exactly (a key change, unchanged TOAST, a value only Spark types, a FULL delete) must go to Spark's
-merge and come out the same."""
+tables must hold the same rows, `_slotlake_` columns included, and equal PostgreSQL; key changes and unchanged TOAST
+values are merged here too; batches the in-process merge cannot write exactly (a key change of a row with an
+unchanged TOAST value, a value only Spark types, a FULL delete) must go to Spark's merge and come out the same."""
 from __future__ import annotations
 
 import collections
@@ -157,19 +157,44 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
     sync(spark_cfg, SPARK)
     check(tmp_path, pg_db)
 
-    # 2. batches only Spark merges exactly: each is decoded here, then Spark's merge runs, and gold is the same
+    # 2. unchanged TOAST values (`big` is stored out of line) and key changes, merged here as Spark merges them
+    big = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300))"
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(f"UPDATE items SET big = {big} WHERE id IN (12, 14, 15, 26)")
+    sync(cfg, IN_PROCESS)
+    sync(spark_cfg, SPARK)
+    batches = [
+        ["UPDATE items SET name = 'toast' WHERE id = 12",  # the value from gold
+         f"UPDATE items SET big = {big} WHERE id = 14",  # ... from an earlier change of the batch
+         "UPDATE items SET name = 'again' WHERE id = 14", "UPDATE items SET n = 14 WHERE id = 14",
+         f"INSERT INTO items (id, name, big) VALUES (4000, 'fresh', {big})",  # ... from the batch's insert
+         "UPDATE items SET n = 5 WHERE id = 4000",
+         "UPDATE items SET name = 'gone' WHERE id = 15", "DELETE FROM items WHERE id = 15",
+         "UPDATE items SET n = 26 WHERE id = 26", "UPDATE items SET big = NULL WHERE id = 26"],
+        ["UPDATE items SET id = 5000 WHERE id = 11", "UPDATE items SET n = 1 WHERE id = 5000",  # moved, updated
+         "UPDATE items SET id = id + 10000 WHERE id BETWEEN 16 AND 19",
+         "BEGIN", "UPDATE items SET id = -21 WHERE id = 21", "UPDATE items SET id = 21 WHERE id = 22",
+         "UPDATE items SET id = 22 WHERE id = -21", "COMMIT",  # two rows swap keys in one transaction
+         "INSERT INTO items (id, name) VALUES (11, 'back at 11')",  # the old key taken again
+         "UPDATE items SET id = 6000 WHERE id = 5000", "DELETE FROM items WHERE id = 10016"],
+    ]
+    for statements in batches:
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            for statement in statements:
+                conn.execute(statement)
+        report, log = sync(cfg, IN_PROCESS)
+        assert "merge inproc in this process declined" not in log, (statements, log[-3000:])
+        assert launched_apps(log) == [] and "(in this process, without Spark)" in log, (statements, log[-3000:])
+        sync(spark_cfg, SPARK)
+        check(tmp_path, pg_db)
+
+    # 3. batches only Spark merges exactly: each is decoded here, then Spark's merge runs, and gold is the same
     declines = [
-        "UPDATE items SET id = 5000 WHERE id = 11",  # a key change
-        "UPDATE items SET name = 'toast' WHERE id = 12",  # unchanged TOAST (big is stored out of line)
+        "UPDATE items SET id = 7000 WHERE id = 12",  # a key change of a row whose TOASTed value is unchanged
         "INSERT INTO items (id, ts) VALUES (3000, 'infinity')",  # a value Spark quarantines
         "UPDATE items SET amount = 'NaN' WHERE id = 13",  # a numeric no decimal holds: Spark quarantines it
         "DELETE FROM hist WHERE a = 1",  # a FULL table's delete
     ]
-    with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute("UPDATE items SET big = (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300)) "
-                     "WHERE id = 12")
-    sync(cfg, IN_PROCESS)
-    sync(spark_cfg, SPARK)
     for statement in declines:
         with psycopg.connect(pg_db, autocommit=True) as conn:
             conn.execute(statement)

@@ -11,8 +11,10 @@ mapping, no deletion vectors, no copy snapshot to filter by), whose columns are 
 plans (no schema change, no DDL event since its watermark), with hard deletes, no history table, column types
 `arrow_values` reads exactly, and one of:
 
-    KEYED        no TRUNCATE, no unchanged TOAST value, no update with an old tuple (no key can change): each key's
-                 last change is its final state (`lineage._last_per_key`), one MERGE (delete / update / insert)
+    KEYED        no TRUNCATE, not both a key change and an unchanged TOAST value: each key's last event is its
+                 final state, one MERGE (delete / update / insert). A key change is a delete at its old key and
+                 the row at its new key; an unchanged TOAST value is the key's last value written in the batch,
+                 else gold's (read for those keys only), as `lineage._keyed_final` fills them
     NOTHING      inserts appended (updates and deletes counted as unapplied, as the Spark merge does)
     FULL         only plain inserts, none of which gold's file statistics let equal a gold row: appended, copies
                  of one row numbered 1..n by `_slotlake_dup` (`job._append_rows`)
@@ -253,8 +255,8 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     if t.n > budget:
         raise Declined(f"more than {MAX_CHANGES:,} changes to merge")
     shaped = [g for g in groups if g.shape is not None]
-    if len(shaped) != 1 or any(g.truncs or g.toast for g in groups):
-        raise Declined(f"{name}: a TRUNCATE, unchanged TOAST or several column layouts")
+    if len(shaped) != 1 or any(g.truncs for g in groups):
+        raise Declined(f"{name}: a TRUNCATE or several column layouts")
     g = shaped[0]
     props = delta_log.table_properties(gold)
     if props is None or props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true":
@@ -275,8 +277,6 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
         raise Declined(str(e)) from None
     if plan.soft_delete:
         raise Declined("soft deletes")
-    if plan.strategy is KeyStrategy.KEYED and g.old_updates:
-        raise Declined(f"{name}: an update with an old tuple (a key may change)")
     if plan.strategy is KeyStrategy.FULL_ROW and g.plain != g.n:
         raise Declined(f"{name}: FULL identity with updates or deletes")
     _check_gold_schema(gold, plan)
@@ -287,7 +287,7 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     batch = _read_batch(local, name, after, int(end))
     t.plan, t.last_commit_ts = plan, g.last_ts
     if plan.strategy is KeyStrategy.KEYED:
-        t.source = _keyed_source(plan, batch)
+        t.source = _keyed_source(plan, batch, gold)
     elif plan.strategy is KeyStrategy.INSERT_ONLY:
         t.source, t.append = _append_rows(plan, batch, numbered=False), True
         t.unapplied = g.ud
@@ -318,7 +318,7 @@ def _read_batch(files: Sequence[str], name: TableName, after: int | None, upto: 
             & (ds.field("commit_lsn") <= upto) & (ds.field("op") != "T"))
     if after is not None:
         cond = cond & (ds.field("commit_end_lsn") > after)
-    cols = ["commit_lsn", "seq", "commit_ts", "op", "old", "new"]
+    cols = ["commit_lsn", "seq", "commit_ts", "op", "old", "new", "unchanged"]
     table = ds.dataset(list(files), format="parquet").to_table(columns=cols, filter=cond)
     return table.sort_by([("commit_lsn", "ascending"), ("seq", "ascending")])
 
@@ -353,33 +353,160 @@ def _meta(batch):
     return batch.column("commit_lsn").cast(pa.int64()), batch.column("commit_ts").cast(ARROW_TYPES["timestamp"])
 
 
-def _keyed_source(plan: TablePlan, batch):
-    """One row per key: its last change's action (D, else U), typed values, LSN and time (`_last_per_key`): the
-    key of a change is its new tuple's, a delete's its old tuple's; the batch is in (commit_lsn, seq) order, so a
-    key's last change is its greatest row number."""
+def _keyed_source(plan: TablePlan, batch, gold: str):
+    """One row per key touched: its last event's action (D, else U), typed values, LSN and time, as
+    `lineage.keyed_source` leaves it. The batch is in (commit_lsn, seq) order; each change is an event at its key
+    (a delete's key is its old tuple's, any other its new tuple's), and an update whose old key differs from its
+    new one (a key change) also leaves its old key: a delete there at the same change. A key's last event is its
+    greatest number. An unchanged TOAST value is the key's last value written in the batch, else gold's row's
+    (`_gold_values`); `_prepare` declines a batch with both key changes and unchanged TOAST (a row's value would
+    follow it across keys)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    is_del = pc.equal(batch.column("op"), "D")
-    new, old = batch.column("new"), batch.column("old")
+    n = batch.num_rows
+    op, new, old = batch.column("op"), batch.column("new"), batch.column("old")
+    is_del = pc.equal(op, "D")
     keys = plan.key_positions
-    texts = [pc.if_else(is_del, _column_texts(old, k), _column_texts(new, k)) for k in keys]
-    if any(t.null_count for t in texts):
+    knames = [f"k{j}" for j in range(len(keys))]
+    new_k = [_typed(plan, _column_texts(new, k), k) for k in keys]
+    old_k = [_typed(plan, _column_texts(old, k), k) for k in keys]
+    row_k = [pc.if_else(is_del, o, w) for o, w in zip(old_k, new_k)]
+    if any(k.null_count for k in row_k):
         raise Declined(f"{plan.shape.qualified}: a change without its key")
-    numbered = pa.table([*texts, pa.array(np.arange(batch.num_rows, dtype=np.int64))],
-                        names=[*(f"k{j}" for j in range(len(keys))), "__i"])
-    rows = numbered.group_by([f"k{j}" for j in range(len(keys))], use_threads=False) \
-        .aggregate([("__i", "max")]).column("__i_max")
+    number = np.arange(n, dtype=np.int64)
+    # event numbers: 2i+1 for change i at its key, 2i for a key change leaving its old key (kind 2)
+    events = pa.table([*row_k, pa.array(2 * number + 1), pc.if_else(is_del, 2, pc.if_else(pc.equal(op, "I"), 0, 1))],
+                      names=[*knames, "__ev", "__kind"])
+    differs = pc.fill_null(_any([pc.not_equal(o, w) for o, w in zip(old_k, new_k)]), False)
+    moved = np.flatnonzero(pc.and_(pc.equal(op, "U"), differs).to_numpy(zero_copy_only=False))
+    if len(moved):
+        taken = pa.array(moved)
+        events = events.set_column(events.schema.get_field_index("__kind"), "__kind", pc.if_else(
+            pc.is_in(pa.array(number), value_set=taken), 0, events.column("__kind")))  # it arrives at its new key
+        leaves = pa.table([*(pc.take(o, taken) for o in old_k), pa.array(2 * moved), pa.array(np.full(len(moved), 2))],
+                          names=[*knames, "__ev", "__kind"])
+        events = pa.concat_tables([events, leaves.cast(events.schema)])
+        _check_lineages(plan, events, knames)
+    toast = _unchanged_columns(batch.column("unchanged"), n)
+    provided = {}
+    for i, unchanged in toast.items():  # the change's value of column i when it wrote one
+        written = ~unchanged & ~is_del.to_numpy(zero_copy_only=False)
+        provided[i] = pa.array(2 * number + 1, mask=~written)
+    if provided and len(moved):
+        raise Declined(f"{plan.shape.qualified}: a key change and unchanged TOAST in one batch")
+    for i, p in provided.items():
+        events = events.append_column(f"__p{i}", p)
+    try:
+        last = events.group_by(knames, use_threads=False).aggregate(
+            [("__ev", "max"), *((f"__p{i}", "max") for i in provided)]).combine_chunks()
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as e:
+        raise Declined(f"{plan.shape.qualified}: keys pyarrow does not group ({e})") from None
+    ev = last.column("__ev_max").to_numpy()
+    rows = pa.array(ev // 2)
     chosen = batch.take(rows)
-    cols = [_typed(plan, pc.take(texts[j], rows), k) for j, k in enumerate(keys)]
-    cols.append(pc.if_else(pc.equal(chosen.column("op"), "D"), "D", "U"))
-    chosen_new = chosen.column("new")
-    cols += [_typed(plan, _column_texts(chosen_new, i), i) for i in range(len(plan.shape.columns))]
+    action = pc.if_else(pc.or_(pa.array(ev % 2 == 0), pc.equal(chosen.column("op"), "D")), "D", "U")
+    values = []
+    for i in range(len(plan.shape.columns)):
+        if i in provided:  # from the key's last change that wrote it (NULL: none did, gold's below)
+            at = pc.divide(last.column(f"__p{i}_max"), 2)
+            values.append(_typed(plan, pc.take(_column_texts(new, i), at), i))
+        else:
+            values.append(_typed(plan, _column_texts(chosen.column("new"), i), i))
+    if provided:
+        values = _gold_values(plan, gold, [last.column(k) for k in knames], action, values,
+                              {i: pc.is_null(last.column(f"__p{i}_max")) for i in provided})
     lsn, ts = _meta(chosen)
     names = [*(f"__k{j}" for j in range(len(keys))), "__action",
              *(f"__v{i}" for i in range(len(plan.shape.columns))), "__lsn", "__ts"]
-    return pa.table([*cols, lsn, ts], names=names)
+    return pa.table([*(last.column(k) for k in knames), action, *values, lsn, ts], names=names)
+
+
+def _any(masks):
+    import pyarrow.compute as pc
+
+    out = masks[0]
+    for m in masks[1:]:
+        out = pc.or_kleene(out, m)
+    return out
+
+
+def _unchanged_columns(unchanged, n: int) -> dict:
+    """{column position: numpy mask of the changes that left it unchanged (TOAST)} for the positions any change
+    of the batch left unchanged."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(unchanged, pa.ChunkedArray):
+        unchanged = unchanged.combine_chunks()
+    flat = pc.list_flatten(unchanged).to_numpy(zero_copy_only=False)
+    if not len(flat):
+        return {}
+    parents = pc.list_parent_indices(unchanged).to_numpy(zero_copy_only=False)
+    out = {}
+    for i in np.unique(flat).tolist():
+        mask = np.zeros(n, dtype=bool)
+        mask[parents[flat == i]] = True
+        out[int(i)] = mask
+    return out
+
+
+def _check_lineages(plan: TablePlan, events, knames: list[str]) -> None:
+    """Declined (Spark's merge names the inconsistency) when an update or delete follows, at its key, a change
+    that removed the row there with nothing arriving between (`lineage._lineage_links`' `broken`)."""
+    import pyarrow.compute as pc
+
+    s = events.sort_by([*((k, "ascending") for k in knames), ("__ev", "ascending")])
+    if s.num_rows < 2:
+        return
+    other_key = _any([pc.not_equal(s.column(k).slice(1), s.column(k).slice(0, s.num_rows - 1)) for k in knames])
+    after_leave = pc.and_(pc.equal(s.column("__kind").slice(0, s.num_rows - 1), 2),
+                          pc.not_equal(s.column("__kind").slice(1), 0))
+    if pc.any(pc.and_(pc.invert(other_key), after_leave)).as_py():
+        raise Declined(f"{plan.shape.qualified}: a change at a key an earlier change of the batch left")
+
+
+def _gold_values(plan: TablePlan, gold: str, keys: list, action, values: list, missing: dict) -> list:
+    """`values` with the unchanged TOAST values no change of the batch wrote (`missing[i]`: per source row) taken
+    from gold's row at the key; Declined when gold lacks such a row (Spark's merge reports it)."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    need = {i: pc.and_(m, pc.equal(action, "U")) for i, m in missing.items()}
+    rows = np.flatnonzero(_any(list(need.values())).to_numpy(zero_copy_only=False))
+    if not len(rows):
+        return values
+    cols = plan.shape.columns
+    kcols = [cols[k] for k in plan.key_positions]
+    wanted = [pc.take(k, pa.array(rows)) for k in keys]
+    data = DeltaTable(gold).to_pyarrow_dataset(
+        parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
+    cond = None
+    for c, w in zip(kcols, wanted):
+        part = ds.field(c).isin(w.cast(data.schema.field(c).type))
+        cond = part if cond is None else cond & part
+    found = data.to_table(columns=[*kcols, *(cols[i] for i in need)], filter=cond)
+    found = pa.table([found.column(c).cast(w.type) for c, w in zip(kcols, wanted)]
+                     + [found.column(cols[i]).cast(values[i].type) for i in need]
+                     + [pa.array(np.ones(found.num_rows, dtype=bool))],
+                     names=[*(f"k{j}" for j in range(len(kcols))), *(f"g{i}" for i in need), "__found"])
+    knames = [f"k{j}" for j in range(len(kcols))]
+    ask = pa.table([*wanted, pa.array(np.arange(len(rows)))], names=[*knames, "__r"])
+    joined = ask.join(found, knames, join_type="left outer").sort_by("__r")
+    if joined.num_rows != len(rows) or joined.column("__found").null_count:
+        raise Declined(f"{plan.shape.qualified}: an unchanged TOAST value of a row gold does not hold once")
+    at = np.full(len(action), -1, dtype=np.int64)
+    at[rows] = np.arange(len(rows))
+    spread = pa.array(at, mask=at < 0)
+    out = list(values)
+    for i, m in need.items():
+        out[i] = pc.if_else(m, pc.take(joined.column(f"g{i}"), spread), values[i])
+    return out
 
 
 def _append_rows(plan: TablePlan, batch, *, numbered: bool):

@@ -1,0 +1,87 @@
+"""The in-process merge's source of a keyed batch (slotlake.merge.in_process._keyed_source): key changes as a delete
+at the old key and the row at the new one, unchanged TOAST values from the batch or from gold's row, and the
+batches it must leave to Spark. Silver-shaped batches (slotlake's own format) against a small gold table written
+with delta-rs; the same cases run against PostgreSQL and Spark's merge in
+tests/integration/test_in_process_sync.py."""
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow as pa
+import pytest
+
+from slotlake.merge.in_process import Declined, _keyed_source
+from slotlake.merge.plan import TableShape, plan_table
+
+pytestmark = pytest.mark.unit
+
+INT4, TEXT = 23, 25
+PLAN = plan_table(TableShape("public", "t", ("id", "name", "big"), (INT4, TEXT, TEXT), (-1, -1, -1), ("id",), "d"),
+                  "hard")
+TS = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+SILVER = pa.schema([("commit_lsn", pa.int64()), ("seq", pa.int64()), ("commit_ts", pa.timestamp("us", "UTC")),
+                    ("op", pa.string()), ("old", pa.list_(pa.string())), ("new", pa.list_(pa.string())),
+                    ("unchanged", pa.list_(pa.int32()))])
+
+
+@pytest.fixture
+def gold(tmp_path) -> str:
+    from deltalake import write_deltalake
+
+    path = str(tmp_path / "gold")
+    write_deltalake(path, pa.table({
+        "id": pa.array([1, 2, 3, 5], pa.int32()), "name": ["a", "b", "c", "e"], "big": ["B1", "B2", "B3", None],
+        "_slotlake_lsn": pa.array([1, 1, 1, 1], pa.int64()),
+        "_slotlake_commit_ts": pa.array([TS] * 4, pa.timestamp("us", "UTC"))}))
+    return path
+
+
+def batch(*changes) -> pa.Table:
+    """(op, old, new, unchanged) per change, numbered in commit order."""
+    return pa.Table.from_pylist([
+        {"commit_lsn": 100 + i, "seq": 0, "commit_ts": TS, "op": op, "old": old, "new": new, "unchanged": unchanged}
+        for i, (op, old, new, unchanged) in enumerate(changes)], schema=SILVER)
+
+
+def final(source: pa.Table) -> dict:
+    """{key: (action, name, big, lsn)}."""
+    return {r["__k0"]: (r["__action"], r["__v1"], r["__v2"], r["__lsn"]) for r in source.to_pylist()}
+
+
+def test_unchanged_toast_from_the_batch_or_gold(gold):
+    source = _keyed_source(PLAN, batch(
+        ("U", None, ["1", "a2", None], [2]),  # from gold
+        ("U", None, ["2", "b", "X"], None), ("U", None, ["2", "b2", None], [2]),  # from the batch's earlier change
+        ("I", None, ["4", "d", "D4"], None), ("U", None, ["4", "d2", None], [2]),  # from the batch's insert
+        ("U", None, ["3", "c2", None], [2]), ("D", ["3", None, None], None, None),  # deleted: nothing to fill
+        ("U", None, ["5", "e2", None], [2]),  # gold's value is NULL
+    ), gold)
+    assert final(source) == {1: ("U", "a2", "B1", 100), 2: ("U", "b2", "X", 102), 4: ("U", "d2", "D4", 104),
+                             3: ("D", None, None, 106), 5: ("U", "e2", None, 107)}
+
+
+def test_an_unchanged_toast_value_of_a_row_gold_lacks_is_left_to_spark(gold):
+    with pytest.raises(Declined, match="gold does not hold"):
+        _keyed_source(PLAN, batch(("U", None, ["9", "x", None], [2])), gold)
+
+
+def test_key_changes_leave_their_old_key(gold):
+    source = _keyed_source(PLAN, batch(
+        ("U", ["1", None, None], ["10", "a", "B1"], None),  # moved
+        ("U", None, ["10", "a2", "B1"], None),  # then updated at its new key
+        ("U", ["2", None, None], ["-2", "b", "B2"], None),  # 2 and 3 swap keys through -2
+        ("U", ["3", None, None], ["2", "c", "B3"], None),
+        ("U", ["-2", None, None], ["3", "b", "B2"], None),
+        ("I", None, ["1", "new", None], None),  # the old key taken again
+        ("U", ["5", None, None], ["5", "e5", None], None),  # an old tuple with the same key: an update
+    ), gold)
+    assert final(source) == {10: ("U", "a2", "B1", 101), 1: ("U", "new", None, 105), 2: ("U", "c", "B3", 103),
+                             3: ("U", "b", "B2", 104), -2: ("D", "b", "B2", 104), 5: ("U", "e5", None, 106)}
+
+
+def test_batches_spark_merges(gold):
+    with pytest.raises(Declined, match="key change and unchanged TOAST"):
+        _keyed_source(PLAN, batch(("U", ["1", None, None], ["10", "a", None], [2])), gold)
+    with pytest.raises(Declined, match="a key an earlier change of the batch left"):  # 1 left, then updated there
+        _keyed_source(PLAN, batch(("U", ["1", None, None], ["10", "a", "B1"], None),
+                                  ("U", None, ["1", "a", "B1"], None)), gold)
