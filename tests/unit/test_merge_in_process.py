@@ -10,7 +10,7 @@ import datetime as dt
 import pyarrow as pa
 import pytest
 
-from slotlake.merge.in_process import Declined, _keyed_source
+from slotlake.merge.in_process import Declined, _keyed_source, _merge_values
 from slotlake.merge.plan import TableShape, plan_table
 
 pytestmark = pytest.mark.unit
@@ -48,6 +48,17 @@ def final(source: pa.Table) -> dict:
     return {r["__k0"]: (r["__action"], r["__v1"], r["__v2"], r["__lsn"]) for r in source.to_pylist()}
 
 
+def merged(gold: str, source: pa.Table) -> dict:
+    """Gold after the in-process merge's MERGE of `source`: {id: (name, big, lsn)}."""
+    from deltalake import DeltaTable
+
+    update, insert = _merge_values(PLAN.shape.columns, source.column_names)
+    (DeltaTable(gold).merge(source, "t.id = s.__k0", source_alias="s", target_alias="t")
+     .when_matched_delete("s.__action = 'D'").when_matched_update(update, "s.__action = 'U'")
+     .when_not_matched_insert(insert, "s.__action = 'U'").execute())
+    return {r["id"]: (r["name"], r["big"], r["_slotlake_lsn"]) for r in DeltaTable(gold).to_pyarrow_table().to_pylist()}
+
+
 def test_unchanged_toast_from_the_batch_or_gold(gold):
     source = _keyed_source(PLAN, batch(
         ("U", None, ["1", "a2", None], [2]),  # from gold
@@ -56,8 +67,11 @@ def test_unchanged_toast_from_the_batch_or_gold(gold):
         ("U", None, ["3", "c2", None], [2]), ("D", ["3", None, None], None, None),  # deleted: nothing to fill
         ("U", None, ["5", "e2", None], [2]),  # gold's value is NULL
     ), gold)
-    assert final(source) == {1: ("U", "a2", "B1", 100), 2: ("U", "b2", "X", 102), 4: ("U", "d2", "D4", 104),
+    assert final(source) == {1: ("U", "a2", None, 100), 2: ("U", "b2", "X", 102), 4: ("U", "d2", "D4", 104),
                              3: ("D", None, None, 106), 5: ("U", "e2", None, 107)}
+    assert {r["__k0"]: r["__u2"] for r in source.to_pylist()} == {1: True, 2: False, 4: False, 3: False, 5: True}
+    assert merged(gold, source) == {1: ("a2", "B1", 100), 2: ("b2", "X", 102), 4: ("d2", "D4", 104),
+                                    5: ("e2", None, 107)}
 
 
 def test_an_unchanged_toast_value_of_a_row_gold_lacks_is_left_to_spark(gold):
@@ -77,6 +91,8 @@ def test_key_changes_leave_their_old_key(gold):
     ), gold)
     assert final(source) == {10: ("U", "a2", "B1", 101), 1: ("U", "new", None, 105), 2: ("U", "c", "B3", 103),
                              3: ("U", "b", "B2", 104), -2: ("D", "b", "B2", 104), 5: ("U", "e5", None, 106)}
+    assert merged(gold, source) == {10: ("a2", "B1", 101), 1: ("new", None, 105), 2: ("c", "B3", 103),
+                                    3: ("b", "B2", 104), 5: ("e5", None, 106)}
 
 
 def test_batches_spark_merges(gold):

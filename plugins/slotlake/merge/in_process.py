@@ -14,7 +14,8 @@ plans (no schema change, no DDL event since its watermark), with hard deletes, n
     KEYED        no TRUNCATE, not both a key change and an unchanged TOAST value: each key's last event is its
                  final state, one MERGE (delete / update / insert). A key change is a delete at its old key and
                  the row at its new key; an unchanged TOAST value is the key's last value written in the batch,
-                 else gold's (read for those keys only), as `lineage._keyed_final` fills them
+                 else the MERGE keeps gold's (whose key column tells it holds the row), as
+                 `lineage._keyed_final` fills them
     NOTHING      inserts appended (updates and deletes counted as unapplied, as the Spark merge does)
     FULL         only plain inserts, none of which gold's file statistics let equal a gold row: appended, copies
                  of one row numbered 1..n by `_slotlake_dup` (`job._append_rows`)
@@ -358,9 +359,9 @@ def _keyed_source(plan: TablePlan, batch, gold: str):
     `lineage.keyed_source` leaves it. The batch is in (commit_lsn, seq) order; each change is an event at its key
     (a delete's key is its old tuple's, any other its new tuple's), and an update whose old key differs from its
     new one (a key change) also leaves its old key: a delete there at the same change. A key's last event is its
-    greatest number. An unchanged TOAST value is the key's last value written in the batch, else gold's row's
-    (`_gold_values`); `_prepare` declines a batch with both key changes and unchanged TOAST (a row's value would
-    follow it across keys)."""
+    greatest number. An unchanged TOAST value is the key's last value written in the batch, else gold's row's: the
+    MERGE keeps it (`__u{i}` true, `_merge_values`; gold must hold the row, `_check_gold_holds`). A batch with both
+    key changes and unchanged TOAST declines (a row's value would follow it across keys)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -414,13 +415,26 @@ def _keyed_source(plan: TablePlan, batch, gold: str):
             values.append(_typed(plan, pc.take(_column_texts(new, i), at), i))
         else:
             values.append(_typed(plan, _column_texts(chosen.column("new"), i), i))
-    if provided:
-        values = _gold_values(plan, gold, [last.column(k) for k in knames], action, values,
-                              {i: pc.is_null(last.column(f"__p{i}_max")) for i in provided})
+    # __u{i}: the MERGE keeps gold's value (no change of the batch wrote one; `_merge_values`)
+    kept = {i: pc.and_(pc.is_null(last.column(f"__p{i}_max")), pc.equal(action, "U")) for i in provided}
+    if kept:
+        _check_gold_holds(plan, gold, [last.column(k) for k in knames], _any(list(kept.values())))
     lsn, ts = _meta(chosen)
     names = [*(f"__k{j}" for j in range(len(keys))), "__action",
-             *(f"__v{i}" for i in range(len(plan.shape.columns))), "__lsn", "__ts"]
-    return pa.table([*(last.column(k) for k in knames), action, *values, lsn, ts], names=names)
+             *(f"__v{i}" for i in range(len(plan.shape.columns))), "__lsn", "__ts", *(f"__u{i}" for i in kept)]
+    return pa.table([*(last.column(k) for k in knames), action, *values, lsn, ts, *kept.values()], names=names)
+
+
+def _merge_values(columns: Sequence[str], source_names: Sequence[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The MERGE's (update, insert) values from a `_keyed_source` table: column i from `s.__v{i}`, or, where the
+    source row's `__u{i}` is true (an unchanged TOAST value no change of the batch wrote), the target's own."""
+    insert = {c: f"s.__v{i}" for i, c in enumerate(columns)}
+    insert.update({LSN_COL: "s.__lsn", COMMIT_TS_COL: "s.__ts"})
+    update = dict(insert)
+    for i, c in enumerate(columns):
+        if f"__u{i}" in source_names:
+            update[c] = f"CASE WHEN s.__u{i} THEN t.{c} ELSE s.__v{i} END"
+    return update, insert
 
 
 def _any(masks):
@@ -468,45 +482,32 @@ def _check_lineages(plan: TablePlan, events, knames: list[str]) -> None:
         raise Declined(f"{plan.shape.qualified}: a change at a key an earlier change of the batch left")
 
 
-def _gold_values(plan: TablePlan, gold: str, keys: list, action, values: list, missing: dict) -> list:
-    """`values` with the unchanged TOAST values no change of the batch wrote (`missing[i]`: per source row) taken
-    from gold's row at the key; Declined when gold lacks such a row (Spark's merge reports it)."""
+def _check_gold_holds(plan: TablePlan, gold: str, keys: list, mask) -> None:
+    """Declined unless gold holds a row at each key `mask` selects (rows whose unchanged TOAST values the MERGE
+    keeps from gold): Spark's merge reports a missing one. Reads only gold's key columns, in the files whose
+    statistics may hold those keys."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
     import pyarrow.dataset as ds
     from deltalake import DeltaTable
 
-    need = {i: pc.and_(m, pc.equal(action, "U")) for i, m in missing.items()}
-    rows = np.flatnonzero(_any(list(need.values())).to_numpy(zero_copy_only=False))
+    rows = pa.array(np.flatnonzero(mask.to_numpy(zero_copy_only=False)))
     if not len(rows):
-        return values
-    cols = plan.shape.columns
-    kcols = [cols[k] for k in plan.key_positions]
-    wanted = [pc.take(k, pa.array(rows)) for k in keys]
+        return
+    kcols = [plan.shape.columns[k] for k in plan.key_positions]
+    wanted = [k.take(rows) for k in keys]
     data = DeltaTable(gold).to_pyarrow_dataset(
         parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
     cond = None
     for c, w in zip(kcols, wanted):
         part = ds.field(c).isin(w.cast(data.schema.field(c).type))
         cond = part if cond is None else cond & part
-    found = data.to_table(columns=[*kcols, *(cols[i] for i in need)], filter=cond)
-    found = pa.table([found.column(c).cast(w.type) for c, w in zip(kcols, wanted)]
-                     + [found.column(cols[i]).cast(values[i].type) for i in need]
-                     + [pa.array(np.ones(found.num_rows, dtype=bool))],
-                     names=[*(f"k{j}" for j in range(len(kcols))), *(f"g{i}" for i in need), "__found"])
-    knames = [f"k{j}" for j in range(len(kcols))]
-    ask = pa.table([*wanted, pa.array(np.arange(len(rows)))], names=[*knames, "__r"])
-    joined = ask.join(found, knames, join_type="left outer").sort_by("__r")
-    if joined.num_rows != len(rows) or joined.column("__found").null_count:
+    found = data.to_table(columns=kcols, filter=cond)
+    names = [f"k{j}" for j in range(len(kcols))]
+    found = pa.table([found.column(c).cast(w.type) for c, w in zip(kcols, wanted)], names=names)
+    ask = pa.table(wanted, names=names)
+    if ask.join(found, names, join_type="left anti").num_rows or found.num_rows != len(rows):
         raise Declined(f"{plan.shape.qualified}: an unchanged TOAST value of a row gold does not hold once")
-    at = np.full(len(action), -1, dtype=np.int64)
-    at[rows] = np.arange(len(rows))
-    spread = pa.array(at, mask=at < 0)
-    out = list(values)
-    for i, m in need.items():
-        out[i] = pc.if_else(m, pc.take(joined.column(f"g{i}"), spread), values[i])
-    return out
 
 
 def _append_rows(plan: TablePlan, batch, *, numbered: bool):
@@ -670,14 +671,12 @@ def _commit(src: SourceConfig, t: _Table, end: Lsn) -> tuple[int, dict[str, int]
             write_deltalake(table, data, mode="append", commit_properties=props)
         else:
             cols = t.plan.shape.columns
-            source = t.source
-            values = {c: f"s.__v{i}" for i, c in enumerate(cols)}
-            values.update({LSN_COL: "s.__lsn", COMMIT_TS_COL: "s.__ts"})
+            update, insert = _merge_values(cols, t.source.column_names)
             cond = " AND ".join(f"t.{cols[k]} = s.__k{j}" for j, k in enumerate(t.plan.key_positions))
-            (table.merge(source, cond, source_alias="s", target_alias="t", commit_properties=props)
+            (table.merge(t.source, cond, source_alias="s", target_alias="t", commit_properties=props)
              .when_matched_delete("s.__action = 'D'")
-             .when_matched_update(values, "s.__action = 'U'")
-             .when_not_matched_insert(values, "s.__action = 'U'")
+             .when_matched_update(update, "s.__action = 'U'")
+             .when_not_matched_insert(insert, "s.__action = 'U'")
              .execute())
     newest = next(delta_log.commits(t.gold))
     return newest.version, dict(newest.metrics)
