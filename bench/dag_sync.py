@@ -16,7 +16,6 @@ the end every gold table of both lakes is compared with PostgreSQL row by row (d
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -31,13 +30,13 @@ sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 sys.path.append(str(ROOT / "tests"))  # oracle.py
 
 import psycopg  # noqa: E402
+from variants import VARIANTS, write_config  # noqa: E402
 
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake_dev.airflow_local import dags_test, local_airflow_env, migrate  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres, pg_bindir  # noqa: E402
 
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
-VARIANTS = {"here": None, "spark": 0}  # source -> spark.in_process_bytes (None: the default)
 
 
 def pgbench(pg: LocalPostgres, *args: str) -> None:
@@ -47,13 +46,7 @@ def pgbench(pg: LocalPostgres, *args: str) -> None:
 
 def setup(tmp: Path, dsn: str, source: str, in_process_bytes: int | None) -> dict[str, str]:
     """The source's config (its own lake and slot) and Airflow home; returns the environment of its DAG runs."""
-    spark: dict = {"master": "local[2]"}
-    if in_process_bytes is not None:
-        spark["in_process_bytes"] = in_process_bytes
-    cfg = tmp / f"{source}.yaml"
-    cfg.write_text(json.dumps({"lake": str(tmp / source / "lake"), "spark": spark,
-                               "sources": {source: {"dsn": dsn, "tables": TABLES, "slot": f"slotlake_{source}",
-                                                    "publication": f"slotlake_{source}"}}}))
+    cfg = write_config(tmp, dsn, source, TABLES, in_process_bytes)
     env = local_airflow_env(tmp / source / "airflow", cfg)
     env.pop("SLOTLAKE_SPARK_SERVER", None)  # a deployment without a Spark server: spark-submit
     migrate(env)

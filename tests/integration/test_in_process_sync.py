@@ -1,8 +1,9 @@
 """A small batch decoded and merged in `slotlake sync`'s own process (no JVM: slotlake.merge.in_process), next to
 the same changes through the Spark apps (`spark.in_process_bytes: 0`) from the same database: both lakes' gold
-tables must hold the same rows, `_slotlake_` columns included, and equal PostgreSQL; key changes and unchanged TOAST
-values are merged here too; batches the in-process merge cannot write exactly (a key change of a row with an
-unchanged TOAST value, a value only Spark types, a FULL delete) must go to Spark's merge and come out the same."""
+tables must hold the same rows, `_slotlake_` columns included, and equal PostgreSQL; key changes, unchanged TOAST
+values and a FULL-identity table's updates and deletes are merged here too; batches the in-process merge cannot
+write exactly (a key change of a row with an unchanged TOAST value, a value only Spark types) must go to Spark's
+merge and come out the same; batches with TRUNCATEs are merged here as one overwrite per table."""
 from __future__ import annotations
 
 import collections
@@ -157,7 +158,8 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
     sync(spark_cfg, SPARK)
     check(tmp_path, pg_db)
 
-    # 2. unchanged TOAST values (`big` is stored out of line) and key changes, merged here as Spark merges them
+    # 2. unchanged TOAST values (`big` is stored out of line), key changes and a FULL table's updates and deletes,
+    # merged here as Spark merges them
     big = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300))"
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute(f"UPDATE items SET big = {big} WHERE id IN (12, 14, 15, 26)")
@@ -177,8 +179,20 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
          "UPDATE items SET id = 22 WHERE id = -21", "COMMIT",  # two rows swap keys in one transaction
          "INSERT INTO items (id, name) VALUES (11, 'back at 11')",  # the old key taken again
          "UPDATE items SET id = 6000 WHERE id = 5000", "DELETE FROM items WHERE id = 10016"],
+        # FULL identity: copies removed and added after gold's count of each row (NULLs equal)
+        ["DELETE FROM hist WHERE a = 1 AND v IS NULL", "UPDATE hist SET b = 'upd' WHERE a = 2",
+         "INSERT INTO hist VALUES (2, 'upd', NULL), (0, 'seed', '2024-01-01')",  # copies of rows gold holds
+         "UPDATE hist SET v = 1.5 WHERE a = 3", "DELETE FROM hist WHERE a = 4"],
     ]
-    for statements in batches:
+    truncates = [  # after the declines below, which need row 12: gold is what the changes after the TRUNCATE leave
+        ["TRUNCATE items", f"INSERT INTO items (id, name, big) VALUES (1, 'one', {big}), (2, 'two', NULL)",
+         "UPDATE items SET name = 'one again' WHERE id = 1",  # its TOASTed value from the insert
+         "DELETE FROM items WHERE id = 2", "TRUNCATE events", "INSERT INTO events VALUES (8, 'a'), (8, 'a')",
+         "INSERT INTO hist VALUES (6, 'before', NULL, NULL)", "TRUNCATE hist",
+         "INSERT INTO hist VALUES (5, 'h', NULL, NULL), (5, 'h', NULL, NULL)"],
+        ["TRUNCATE events"],  # a TRUNCATE alone
+    ]
+    def in_process(statements: list[str]) -> None:
         with psycopg.connect(pg_db, autocommit=True) as conn:
             for statement in statements:
                 conn.execute(statement)
@@ -188,12 +202,14 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
         sync(spark_cfg, SPARK)
         check(tmp_path, pg_db)
 
+    for statements in batches:
+        in_process(statements)
+
     # 3. batches only Spark merges exactly: each is decoded here, then Spark's merge runs, and gold is the same
     declines = [
         "UPDATE items SET id = 7000 WHERE id = 12",  # a key change of a row whose TOASTed value is unchanged
         "INSERT INTO items (id, ts) VALUES (3000, 'infinity')",  # a value Spark quarantines
         "UPDATE items SET amount = 'NaN' WHERE id = 13",  # a numeric no decimal holds: Spark quarantines it
-        "DELETE FROM hist WHERE a = 1",  # a FULL table's delete
     ]
     for statement in declines:
         with psycopg.connect(pg_db, autocommit=True) as conn:
@@ -212,6 +228,10 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
             sync(cfg, IN_PROCESS)
             sync(spark_cfg, SPARK)
         check(tmp_path, pg_db)
+
+    # 4. TRUNCATEs: one overwrite per table, what the changes after the last TRUNCATE leave
+    for statements in truncates:
+        in_process(statements)
 
 
 def _create_tables(dsn: str) -> None:

@@ -38,7 +38,8 @@ PHASES = [
      "UPDATE acct SET balance = balance * 2 WHERE id <= 5"],
     ["DELETE FROM acct WHERE id IN (3, 13)", "UPDATE acct SET id = 300 WHERE id = 4"],
     ["UPDATE acct SET owner = 'late' WHERE id > 15", "INSERT INTO acct VALUES (99, 'last', NULL)",
-     "TRUNCATE acct", "INSERT INTO acct SELECT g, 'again ' || g, g FROM generate_series(1, 6) g"],
+     "TRUNCATE acct", "INSERT INTO acct SELECT g, 'again ' || g, g FROM generate_series(1, 6) g",
+     "ALTER TABLE acct ADD COLUMN note text", "INSERT INTO acct VALUES (100, 'noted', 1, 'n')"],
 ]
 
 
@@ -123,8 +124,8 @@ def test_backfill_through_airflow_rebuilds_each_interval(spark, pg_db, tmp_path)
         assert out.is_dir(), f"no replay output for the interval ending {end}"
         assert_gold_equals_pg(str(out), pg_db, f"recorded.acct_{i}")
     # The first two intervals are replayed without a JVM (their Spark task skipped; the second over phase 2's key
-    # change); the last re-decodes from the copy's load (the one sync ran after every phase) over phase 3's
-    # TRUNCATE, which only Spark merges.
+    # change); the last re-decodes from the copy's load (the one sync ran after every phase) over phase 3's new
+    # column, which only Spark merges (its TRUNCATE the in-process merge would take).
     states = {}
     for r in sorted(backfill, key=lambda r: r["logical_date"]):
         out = run_airflow(env, "tasks", "states-for-dag-run", DAG_ID, r["run_id"], "-o", "json").stdout

@@ -232,7 +232,7 @@ def test_cli_transactions_and_undo(pg_db, tmp_path):
 
 
 def test_undo_without_spark_writes_the_spark_states_script(spark, pg_db, tmp_path, caplog):
-    """A transaction the in-process merge takes (key changes but no unchanged TOAST, FULL rows only inserted):
+    """A transaction the in-process merge takes (key changes but no unchanged TOAST, FULL rows deleted and updated):
     `undo` without a Spark session builds both states in this process (`recover/undo_in_process.py`) and writes
     the script the Spark states give, line for line; applied, it brings both tables back to the state recorded
     just before the transaction."""
@@ -263,9 +263,10 @@ def test_undo_without_spark_writes_the_spark_states_script(spark, pg_db, tmp_pat
                   "UPDATE acct SET owner = 'doomed' WHERE id = 8", "DELETE FROM acct WHERE id = 8",
                   "UPDATE acct SET id = 500, owner = 'moved' WHERE id = 9",  # key changes: one row, two in a chain
                   "UPDATE acct SET id = 600 WHERE id = 10", "UPDATE acct SET id = 10 WHERE id = 11",
-                  # FULL: inserts of rows gold does not hold (the in-process merge's append; other FULL changes
-                  # are Spark's), two of them identical
-                  "INSERT INTO ev VALUES ('z', 26), ('z', 26), ('y', NULL)")
+                  # FULL: inserts (two identical), one of two identical rows deleted, a row updated
+                  "INSERT INTO ev VALUES ('z', 26), ('z', 26), ('y', NULL)",
+                  "DELETE FROM ev WHERE ctid = (SELECT ctid FROM ev WHERE kind = 'a' LIMIT 1)",
+                  "UPDATE ev SET qty = 9 WHERE kind = 'b'")
     _sql(pg_db, "UPDATE acct SET owner = 'after, other row' WHERE id = 1")
     _sync(spark, cfg)
 

@@ -1,7 +1,8 @@
-"""The in-process merge's source of a keyed batch (slotlake.merge.in_process._keyed_source): key changes as a delete
-at the old key and the row at the new one, unchanged TOAST values from the batch or from gold's row, and the
-batches it must leave to Spark. Silver-shaped batches (slotlake's own format) against a small gold table written
-with delta-rs; the same cases run against PostgreSQL and Spark's merge in
+"""The in-process merge's MERGE sources (slotlake.merge.in_process): for a keyed batch, key changes as a delete at
+the old key and the row at the new one, unchanged TOAST values from the batch or from gold's row; for a FULL-identity
+batch, the copies of each distinct row it adds or removes after gold's count; and the batches it leaves to Spark.
+Silver-shaped batches (slotlake's own format) against small gold tables written with delta-rs, merged with the
+module's own MERGE; the same cases run against PostgreSQL and Spark's merge in
 tests/integration/test_in_process_sync.py."""
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import datetime as dt
 import pyarrow as pa
 import pytest
 
-from slotlake.merge.in_process import Declined, _keyed_source, _merge_values
+from slotlake.merge.in_process import Declined, _full_source, _keyed_source, _merge, _prepare_truncated, _Table
 from slotlake.merge.plan import TableShape, plan_table
+from slotlake.names import TableName
 
 pytestmark = pytest.mark.unit
 
@@ -52,10 +54,7 @@ def merged(gold: str, source: pa.Table) -> dict:
     """Gold after the in-process merge's MERGE of `source`: {id: (name, big, lsn)}."""
     from deltalake import DeltaTable
 
-    update, insert = _merge_values(PLAN.shape.columns, source.column_names)
-    (DeltaTable(gold).merge(source, "t.id = s.__k0", source_alias="s", target_alias="t")
-     .when_matched_delete("s.__action = 'D'").when_matched_update(update, "s.__action = 'U'")
-     .when_not_matched_insert(insert, "s.__action = 'U'").execute())
+    _merge(DeltaTable(gold), PLAN, source)
     return {r["id"]: (r["name"], r["big"], r["_slotlake_lsn"]) for r in DeltaTable(gold).to_pyarrow_table().to_pylist()}
 
 
@@ -101,3 +100,70 @@ def test_batches_spark_merges(gold):
     with pytest.raises(Declined, match="a key an earlier change of the batch left"):  # 1 left, then updated there
         _keyed_source(PLAN, batch(("U", ["1", None, None], ["10", "a", "B1"], None),
                                   ("U", None, ["1", "a", "B1"], None)), gold)
+
+
+FULL = plan_table(TableShape("public", "h", ("a", "b"), (INT4, TEXT), (-1, -1), (), "f"), "hard")
+
+
+@pytest.fixture
+def full_gold(tmp_path) -> str:
+    """(1, 'x') twice, (2, NULL) once, (3, 'big') once."""
+    from deltalake import write_deltalake
+
+    path = str(tmp_path / "full")
+    write_deltalake(path, pa.table({
+        "a": pa.array([1, 1, 2, 3], pa.int32()), "b": ["x", "x", None, "big"],
+        "_slotlake_lsn": pa.array([1, 1, 1, 1], pa.int64()),
+        "_slotlake_commit_ts": pa.array([TS] * 4, pa.timestamp("us", "UTC")),
+        "_slotlake_dup": pa.array([1, 2, 1, 1], pa.int32())}))
+    return path
+
+
+def full_rows(path: str) -> list:
+    from deltalake import DeltaTable
+
+    return sorted(((r["a"], r["b"], r["_slotlake_dup"], r["_slotlake_lsn"])
+                   for r in DeltaTable(path).to_pyarrow_table().to_pylist()), key=repr)
+
+
+def test_full_identity_copies_added_and_removed_after_golds_count(full_gold):
+    from deltalake import DeltaTable
+
+    source = _full_source(FULL, batch(
+        ("D", ["1", "x"], None, None),  # one of gold's two copies: the second goes
+        ("U", ["2", None], ["2", "y"], None),  # NULL matched as NULL
+        ("I", None, ["2", "y"], None),  # ... and a second (2, 'y')
+        ("U", ["3", "big"], ["4", None], [1]),  # unchanged TOAST: the old row's value
+        ("D", ["9", "none"], None, None),  # a row gold does not hold: removes nothing
+        ("I", None, ["5", "z"], None), ("D", ["5", "z"], None, None),  # in and out in the batch
+    ), full_gold)
+    assert sorted(((r["__v0"], r["__v1"], r["__dup"], r["__action"]) for r in source.to_pylist()), key=repr) == sorted([
+        (1, "x", 2, "D"), (2, None, 1, "D"), (2, "y", 1, "U"), (2, "y", 2, "U"), (3, "big", 1, "D"),
+        (4, "big", 1, "U")], key=repr)
+    _merge(DeltaTable(full_gold), FULL, source)
+    assert full_rows(full_gold) == sorted([(1, "x", 1, 1), (2, "y", 1, 102), (2, "y", 2, 102), (4, "big", 1, 103)],
+                                          key=repr)
+
+
+def test_after_a_truncate_gold_is_what_the_later_changes_leave():
+    keyed = _Table(TableName("public", "t"), "unused", 1, truncate=True)
+    _prepare_truncated(keyed, PLAN, batch(
+        ("U", None, ["1", "a2", "B"], None), ("T", None, None, None),
+        ("I", None, ["7", "g", "G"], None), ("U", None, ["7", "g2", None], [2]),  # its value from the insert
+        ("I", None, ["8", "h", None], None), ("D", ["8", None, None], None, None)))
+    assert keyed.source.to_pylist() == [{"id": 7, "name": "g2", "big": "G", "_slotlake_lsn": 103,
+                                         "_slotlake_commit_ts": TS}]
+    _prepare_truncated(keyed, PLAN, batch(
+        ("T", None, None, None), ("I", None, ["7", "g", "G"], None),
+        ("U", ["7", None, None], ["70", "g3", "G3"], None)))  # a key change after it
+    assert keyed.source.to_pylist() == [{"id": 70, "name": "g3", "big": "G3", "_slotlake_lsn": 102,
+                                         "_slotlake_commit_ts": TS}]
+    full = _Table(TableName("public", "h"), "unused", 1, truncate=True)
+    _prepare_truncated(full, FULL, batch(
+        ("I", None, ["1", "x"], None), ("T", None, None, None), ("T", None, None, None),
+        ("I", None, ["2", "y"], None), ("I", None, ["2", "y"], None), ("I", None, ["3", None], None),
+        ("D", ["2", "y"], None, None)))
+    assert sorted(((r["a"], r["b"], r["_slotlake_dup"]) for r in full.source.to_pylist()), key=repr) == [
+        (2, "y", 1), (3, None, 1)]
+    with pytest.raises(Declined, match="after a TRUNCATE"):  # no gold row to keep the value of
+        _prepare_truncated(keyed, PLAN, batch(("T", None, None, None), ("U", None, ["1", "a", None], [2])))

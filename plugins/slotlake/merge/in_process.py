@@ -11,14 +11,19 @@ mapping, no deletion vectors, no copy snapshot to filter by), whose columns are 
 plans (no schema change, no DDL event since its watermark), with hard deletes, no history table, column types
 `arrow_values` reads exactly, and one of:
 
-    KEYED        no TRUNCATE, not both a key change and an unchanged TOAST value: each key's last event is its
+    KEYED        not both a key change and an unchanged TOAST value: each key's last event is its
                  final state, one MERGE (delete / update / insert). A key change is a delete at its old key and
                  the row at its new key; an unchanged TOAST value is the key's last value written in the batch,
                  else the MERGE keeps gold's (whose key column tells it holds the row), as
                  `lineage._keyed_final` fills them
     NOTHING      inserts appended (updates and deletes counted as unapplied, as the Spark merge does)
-    FULL         only plain inserts, none of which gold's file statistics let equal a gold row: appended, copies
-                 of one row numbered 1..n by `_slotlake_dup` (`job._append_rows`)
+    FULL         only plain inserts, none of which equals a gold row: appended, copies of one row numbered 1..n
+                 by `_slotlake_dup` (`job._append_rows`); else per distinct row the copies the batch adds or
+                 removes after gold's count of it (`lineage.full_row_source`), one MERGE on every column
+                 (NULLs equal) and the copy number. Gold's rows are read only from the files whose statistics
+                 may hold one of the batch's rows (at most `MAX_GOLD_ROWS_CHECKED`)
+
+A batch with a TRUNCATE is one overwrite: what the changes after the last TRUNCATE leave in an empty table.
 
 Each table's commit carries the same idempotent-write transaction (app id, the run's end LSN) and userMetadata as
 Spark's MERGE, so a re-run, or Spark after a crash here, skips it; the run's `_runs` rows are one delta-rs append
@@ -86,6 +91,7 @@ class _Table:
     unapplied: int = 0
     last_commit_ts: datetime | None = None
     up_to_date: bool = False
+    truncate: bool = False  # the batch holds a TRUNCATE: `source` is gold's whole new content (an overwrite)
 
 
 def merge_in_process(cfg: Config, source: str):
@@ -179,7 +185,7 @@ def _commit_all(src: SourceConfig, tables: Sequence[_Table], end: Lsn, started: 
 
     results = []
     for t in tables:
-        if t.up_to_date or t.plan is None:
+        if t.up_to_date or (t.plan is None and not t.truncate):
             results.append(TableMergeResult(t.name.schema, t.name.name, t.n, t.version, up_to_date=t.up_to_date,
                                             started_at=started))
             continue
@@ -190,7 +196,7 @@ def _commit_all(src: SourceConfig, tables: Sequence[_Table], end: Lsn, started: 
             rows_inserted=int(metrics.get("numTargetRowsInserted", metrics.get("numOutputRows", 0))),
             rows_updated=int(metrics.get("numTargetRowsUpdated", 0)),
             rows_deleted=int(metrics.get("numTargetRowsDeleted", 0)),
-            unapplied=t.unapplied, started_at=started, last_commit_ts=t.last_commit_ts,
+            unapplied=t.unapplied, started_at=started, last_commit_ts=t.last_commit_ts, truncated=t.truncate,
             notes=(rewrite,) if rewrite else ()))
         log.info("merged %s in this process: %d change(s) up to %s -> gold version %s", t.name, t.n, end, version)
         if t.unapplied:
@@ -256,9 +262,11 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     if t.n > budget:
         raise Declined(f"more than {MAX_CHANGES:,} changes to merge")
     shaped = [g for g in groups if g.shape is not None]
-    if len(shaped) != 1 or any(g.truncs for g in groups):
-        raise Declined(f"{name}: a TRUNCATE or several column layouts")
-    g = shaped[0]
+    if len(shaped) > 1:
+        raise Declined(f"{name}: several column layouts")
+    t.truncate = any(g.truncs for g in groups)
+    if t.truncate and src.delete_mode != "hard":
+        raise Declined(f"{name}: a TRUNCATE with soft deletes")
     props = delta_log.table_properties(gold)
     if props is None or props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true":
         raise Declined(f"{name}: gold maps columns or has deletion vectors")
@@ -267,6 +275,10 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     text = str(name)
     if src.keeps_history(text) or src.uses_deletion_vectors(text):
         raise Declined(f"{name}: a history table or deletion vectors")
+    if not shaped:  # TRUNCATE only: gold is emptied
+        t.last_commit_ts = max((g.last_ts for g in groups if g.last_ts is not None), default=None)
+        return t
+    g = shaped[0]
     s = g.shape_map
     assert s is not None  # a group with a shape
     shape = TableShape(name.schema, name.name, tuple(s["columns"]), tuple(s["type_oids"]), tuple(s["typmods"]),
@@ -278,26 +290,61 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
         raise Declined(str(e)) from None
     if plan.soft_delete:
         raise Declined("soft deletes")
-    if plan.strategy is KeyStrategy.FULL_ROW and g.plain != g.n:
-        raise Declined(f"{name}: FULL identity with updates or deletes")
     _check_gold_schema(gold, plan)
     chosen = files_to_read(files, name, after, int(end))
     local = local_files(changes_path, chosen) if chosen else None
     if not local or files_of(files, name, after, int(end)) is None:
         raise Declined(f"{name}'s silver files are not all local and wholly in the window")
     batch = _read_batch(local, name, after, int(end))
-    t.plan, t.last_commit_ts = plan, g.last_ts
-    if plan.strategy is KeyStrategy.KEYED:
-        t.source = _keyed_source(plan, batch, gold)
+    t.plan = plan
+    t.last_commit_ts = max((g.last_ts for g in groups if g.last_ts is not None), default=None)
+    if t.truncate:  # changes before the last TRUNCATE are void: gold becomes what the later ones leave
+        _prepare_truncated(t, plan, batch)
+    elif plan.strategy is KeyStrategy.KEYED:
+        t.source = _keyed_source(plan, _changes(batch), gold)
     elif plan.strategy is KeyStrategy.INSERT_ONLY:
-        t.source, t.append = _append_rows(plan, batch, numbered=False), True
+        t.source, t.append = _append_rows(plan, _changes(batch), numbered=False), True
         t.unapplied = g.ud
+    elif g.plain == g.n and not _gold_holds_any(gold, plan, rows := _append_rows(plan, _changes(batch),
+                                                                                   numbered=True)):
+        t.source, t.append = rows, True  # new rows only: copies numbered from 1
     else:
-        rows = _append_rows(plan, batch, numbered=True)
-        if _gold_holds_any(gold, plan, rows):
-            raise Declined(f"{name}: gold holds one of the batch's rows (its copies are numbered after gold's)")
-        t.source, t.append = rows, True
+        t.source = _full_source(plan, _changes(batch), gold)
     return t
+
+
+def _changes(batch):
+    """The batch without its TRUNCATE rows."""
+    import pyarrow.compute as pc
+
+    return batch.filter(pc.not_equal(batch.column("op"), "T"))
+
+
+def _prepare_truncated(t: _Table, plan: TablePlan, batch) -> None:
+    """`t.source` := gold's rows after the batch, which holds a TRUNCATE: what the changes after the last one leave
+    in an empty table (as Spark's MERGE of them with every other gold row deleted): a keyed table's final states,
+    a FULL table's copies numbered from 1, an insert-only table's inserts (its later updates and deletes
+    unapplied). Declined when a later change leaves a TOAST value unchanged that none of them wrote."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ops = batch.column("op").to_numpy(zero_copy_only=False)
+    after = _changes(batch.slice(int(np.flatnonzero(ops == "T")[-1]) + 1))
+    cols = list(plan.shape.columns)
+    if plan.strategy is KeyStrategy.KEYED:
+        source = _keyed_source(plan, after, None)
+        source = source.filter(pc.equal(source.column("__action"), "U"))
+        rows = pa.table([*(source.column(f"__v{i}") for i in range(len(cols))), source.column("__lsn"),
+                         source.column("__ts")], names=[*cols, LSN_COL, COMMIT_TS_COL])
+    elif plan.strategy is KeyStrategy.FULL_ROW:
+        source = _full_source(plan, after, None)
+        rows = pa.table([*(source.column(f"__v{i}") for i in range(len(cols))), source.column("__lsn"),
+                         source.column("__ts"), source.column("__dup")], names=[*cols, LSN_COL, COMMIT_TS_COL, DUP_COL])
+    else:
+        rows = _append_rows(plan, after, numbered=False)
+        t.unapplied = int(pc.sum(pc.is_in(after.column("op"), pa.array(["U", "D"]))).as_py() or 0)
+    t.source = rows
 
 
 def _check_gold_schema(gold: str, plan: TablePlan) -> None:
@@ -312,11 +359,11 @@ def _check_gold_schema(gold: str, plan: TablePlan) -> None:
 
 
 def _read_batch(files: Sequence[str], name: TableName, after: int | None, upto: int):
-    """The table's silver rows in (after, upto], ordered by (commit_lsn, seq)."""
+    """The table's silver rows in (after, upto], TRUNCATE rows included, ordered by (commit_lsn, seq)."""
     import pyarrow.dataset as ds
 
     cond = ((ds.field("schema_name") == name.schema) & (ds.field("table_name") == name.name)
-            & (ds.field("commit_lsn") <= upto) & (ds.field("op") != "T"))
+            & (ds.field("commit_lsn") <= upto))
     if after is not None:
         cond = cond & (ds.field("commit_end_lsn") > after)
     cols = ["commit_lsn", "seq", "commit_ts", "op", "old", "new", "unchanged"]
@@ -354,7 +401,7 @@ def _meta(batch):
     return batch.column("commit_lsn").cast(pa.int64()), batch.column("commit_ts").cast(ARROW_TYPES["timestamp"])
 
 
-def _keyed_source(plan: TablePlan, batch, gold: str):
+def _keyed_source(plan: TablePlan, batch, gold: str | None):
     """One row per key touched: its last event's action (D, else U), typed values, LSN and time, as
     `lineage.keyed_source` leaves it. The batch is in (commit_lsn, seq) order; each change is an event at its key
     (a delete's key is its old tuple's, any other its new tuple's), and an update whose old key differs from its
@@ -417,7 +464,13 @@ def _keyed_source(plan: TablePlan, batch, gold: str):
             values.append(_typed(plan, _column_texts(chosen.column("new"), i), i))
     # __u{i}: the MERGE keeps gold's value (no change of the batch wrote one; `_merge_values`)
     kept = {i: pc.and_(pc.is_null(last.column(f"__p{i}_max")), pc.equal(action, "U")) for i in provided}
+    if kept and gold is None:  # (after a TRUNCATE: no gold row to keep a value of)
+        if pc.any(_any(list(kept.values()))).as_py():
+            raise Declined(f"{plan.shape.qualified}: an unchanged TOAST value after a TRUNCATE that no later change "
+                           "wrote")
+        kept = {}
     if kept:
+        assert gold is not None
         _check_gold_holds(plan, gold, [last.column(k) for k in knames], _any(list(kept.values())))
     lsn, ts = _meta(chosen)
     names = [*(f"__k{j}" for j in range(len(keys))), "__action",
@@ -553,52 +606,120 @@ merges."""
 def _gold_holds_any(gold: str, plan: TablePlan, rows) -> bool:
     """Whether gold holds a row equal to one of `rows` on the table's columns (FULL identity: the whole row, NULLs
     equal, as the MERGE's `<=>`): then the MERGE numbers the batch's copies after gold's, which an append does not.
-    Reads only the gold files whose statistics may hold one of the rows (`_files_that_may_hold`), as Spark's
-    append check reads only the files its data skipping leaves; Declined when they hold more than
-    `MAX_GOLD_ROWS_CHECKED` rows."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    files = _files_that_may_hold(gold, plan, rows)
-    if not files:
-        return False
-    if sum(n for _, n in files) > MAX_GOLD_ROWS_CHECKED:
-        raise Declined(f"{plan.shape.qualified}: more than {MAX_GOLD_ROWS_CHECKED:,} gold rows to check an append "
-                       "against")
+    Reads only the gold files whose statistics may hold one of the rows (`_gold_rows_like`), as Spark's append
+    check reads only the files its data skipping leaves."""
     cols = list(plan.shape.columns)
-    types = [rows.schema.field(c).type for c in cols]
-    folder = storage.local_path(gold)
-    parts = []
-    for path, _ in files:  # gold has no column mapping here: Parquet names are gold's; Spark's INT96 time stamps
-        f = pq.read_table(folder / path, coerce_int96_timestamp_unit="us")
-        parts.append(pa.table([f.column(c).cast(tp) if c in f.column_names else pa.nulls(f.num_rows, tp)
-                               for c, tp in zip(cols, types)], names=cols))  # a column added since: NULL there
-    return _equal_rows(rows.select(cols), pa.concat_tables(parts)).num_rows > 0
+    return _equal_rows(rows.select(cols), _gold_rows_like(gold, plan, rows)).num_rows > 0
 
 
 def _equal_rows(left, right):
-    """The rows of `left` equal to some row of `right` (same columns and types), NULLs equal: each column is joined
-    as (its value with NULL filled, whether it is NULL)."""
+    """The rows of `left` equal to some row of `right` (same columns and types), NULLs equal."""
+    a, b = _null_safe(left), _null_safe(right)
+    return a.join(b, keys=a.column_names, join_type="left semi")
+
+
+def _null_safe(t):
+    """`t`'s columns as pairs (value with NULL filled, whether it is NULL), named v{i}/n{i}: rows that group and
+    join equal exactly when they are equal with NULLs equal (the MERGE's `<=>`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     def zero(tp):  # any value of the type: the NULL flag tells a filled NULL apart
-        if pa.types.is_string(tp):
-            return pa.scalar("")
+        if pa.types.is_string(tp) or pa.types.is_large_string(tp):
+            return pa.scalar("", tp)
+        if pa.types.is_binary(tp) or pa.types.is_large_binary(tp):
+            return pa.scalar(b"", tp)
         if pa.types.is_decimal(tp):  # (an int64 0 casts only to a decimal of 19 integer digits or more)
             return pa.scalar(Decimal(0), tp)
+        if pa.types.is_boolean(tp):
+            return pa.scalar(False)
         return pa.scalar(0, pa.int32() if pa.types.is_date32(tp) else pa.int64()).cast(tp)
 
-    def keyed(t):
-        cols, names = [], []
-        for i, c in enumerate(t.column_names):
-            v = t.column(c)
-            cols += [pc.fill_null(v, zero(v.type)), pc.is_null(v)]
-            names += [f"v{i}", f"n{i}"]
-        return pa.table(cols, names=names)
+    cols, names = [], []
+    for i, c in enumerate(t.column_names):
+        v = t.column(c)
+        cols += [pc.fill_null(v, zero(v.type)), pc.is_null(v)]
+        names += [f"v{i}", f"n{i}"]
+    return pa.table(cols, names=names)
 
-    a, b = keyed(left), keyed(right)
-    return a.join(b, keys=a.column_names, join_type="left semi")
+
+def _gold_rows_like(gold: str, plan: TablePlan, rows):
+    """Gold's rows (the table's columns, typed as `rows`) in the files whose statistics may hold one of `rows`;
+    Declined when they hold more than `MAX_GOLD_ROWS_CHECKED` rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cols = list(plan.shape.columns)
+    types = [rows.schema.field(c).type for c in cols]
+    files = _files_that_may_hold(gold, plan, rows)
+    if sum(n for _, n in files) > MAX_GOLD_ROWS_CHECKED:
+        raise Declined(f"{plan.shape.qualified}: more than {MAX_GOLD_ROWS_CHECKED:,} gold rows to compare the batch's "
+                       "rows with")
+    folder = storage.local_path(gold)
+    parts = [pa.table([pa.array([], tp) for tp in types], names=cols)]
+    for path, _ in files:  # gold has no column mapping here: Parquet names are gold's; Spark's INT96 time stamps
+        f = pq.read_table(folder / path, coerce_int96_timestamp_unit="us")
+        parts.append(pa.table([f.column(c).cast(tp) if c in f.column_names else pa.nulls(f.num_rows, tp)
+                               for c, tp in zip(cols, types)], names=cols))  # a column added since: NULL there
+    return pa.concat_tables(parts)
+
+
+def _full_source(plan: TablePlan, batch, gold: str | None):
+    """A FULL-identity batch as the MERGE's source, as `lineage.full_row_source` builds it: per distinct row (NULLs
+    equal) d = its inserts and new tuples minus its old tuples; with gold's count c of it, the copies c+1..c+d to
+    add (`U`) or c+d+1..c to remove (`D`, never below none), each with the row's last change's LSN and time. A new
+    tuple's unchanged TOAST value is its old tuple's (FULL logs the whole old row). `gold` None: an empty table."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    cols = list(plan.shape.columns)
+    n = batch.num_rows
+    op, new, old = batch.column("op"), batch.column("new"), batch.column("old")
+    ops = op.to_numpy(zero_copy_only=False)
+    ins = np.flatnonzero(ops != "D")
+    outs = np.flatnonzero(ops != "I")
+    if pc.take(old, pa.array(outs)).null_count:
+        raise Declined(f"{plan.shape.qualified}: an update or delete without its old row")
+    unchanged = _unchanged_columns(batch.column("unchanged"), n)
+    news, olds = [], []
+    for i in range(len(cols)):
+        texts = _column_texts(new, i)
+        old_texts = _column_texts(old, i)
+        if i in unchanged:
+            texts = pc.if_else(pa.array(unchanged[i]), old_texts, texts)
+        news.append(_typed(plan, pc.take(texts, pa.array(ins)), i))
+        olds.append(_typed(plan, pc.take(old_texts, pa.array(outs)), i))
+    moves = pa.concat_tables([
+        pa.table([*news, pa.array(np.ones(len(ins), np.int64)), pa.array(ins.astype(np.int64))],
+                 names=[*cols, "__sign", "__i"]),
+        pa.table([*olds, pa.array(np.full(len(outs), -1, np.int64)), pa.array(outs.astype(np.int64))],
+                 names=[*cols, "__sign", "__i"])])
+    safe = _null_safe(moves.select(cols))
+    keys = safe.column_names
+    per_row = safe.append_column("__sign", moves.column("__sign")).append_column("__i", moves.column("__i")) \
+        .group_by(keys, use_threads=False).aggregate([("__sign", "sum"), ("__i", "max")])
+    per_row = per_row.filter(pc.not_equal(per_row.column("__sign_sum"), 0))
+    rows = pa.table([pc.if_else(per_row.column(f"n{i}"), pa.nulls(per_row.num_rows, moves.schema.field(c).type),
+                                per_row.column(f"v{i}")) for i, c in enumerate(cols)], names=cols)
+    counts = _null_safe(_gold_rows_like(gold, plan, rows)).group_by(keys, use_threads=False) \
+        .aggregate([("v0", "count")]) if rows.num_rows and gold is not None else None
+    d = per_row.column("__sign_sum").to_numpy()
+    c = np.zeros(len(d), np.int64)
+    if counts is not None and counts.num_rows:
+        numbered = per_row.select(keys).append_column("__r", pa.array(np.arange(len(d))))
+        joined = numbered.join(counts, keys, join_type="inner")
+        c[joined.column("__r").to_numpy()] = joined.column("v0_count").to_numpy()
+    target = np.maximum(c + d, 0)
+    lo, hi = np.minimum(c, target), np.maximum(c, target)  # copies lo+1..hi are added (target > c) or removed
+    span = hi - lo
+    take = pa.array(np.repeat(np.arange(len(d)), span))
+    dup = np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span) + np.repeat(lo, span) + 1
+    action = pa.array(np.where(np.repeat(target > c, span), "U", "D"))
+    last = batch.take(pc.take(per_row.column("__i_max").combine_chunks(), take))
+    lsn, ts = _meta(last)
+    return pa.table([*(rows.column(c).take(take) for c in cols), pa.array(dup.astype(np.int32)), action, lsn, ts],
+                    names=[*(f"__v{i}" for i in range(len(cols))), "__dup", "__action", "__lsn", "__ts"])
 
 
 def _files_that_may_hold(gold: str, plan: TablePlan, rows) -> list[tuple[str, int]]:
@@ -658,7 +779,7 @@ def _commit(src: SourceConfig, t: _Table, end: Lsn) -> tuple[int, dict[str, int]
     from deltalake import DeltaTable, write_deltalake
     from deltalake.transaction import CommitProperties, Transaction
 
-    assert t.plan is not None and t.source is not None
+    assert t.truncate or (t.plan is not None and t.source is not None)
     app_id = merge_app_id(src.name, t.name.schema, t.name.name)
     table = DeltaTable(t.gold)
     done = table.transaction_version(app_id)
@@ -666,17 +787,34 @@ def _commit(src: SourceConfig, t: _Table, end: Lsn) -> tuple[int, dict[str, int]
         props = CommitProperties(custom_metadata={"userMetadata": stage_metadata(end, "merge")},
                                  app_transactions=[Transaction(app_id, int(end))])
         target = pa.schema(table.schema().to_arrow())
-        if t.append:
+        if t.truncate:  # gold's whole new content, in one commit (none: a TRUNCATE was the last change)
+            data = target.empty_table() if t.source is None else t.source.select(target.names).cast(target)
+            write_deltalake(table, data, mode="overwrite", commit_properties=props)
+        elif t.append:
             data = t.source.select(target.names).cast(target)
             write_deltalake(table, data, mode="append", commit_properties=props)
         else:
-            cols = t.plan.shape.columns
-            update, insert = _merge_values(cols, t.source.column_names)
-            cond = " AND ".join(f"t.{cols[k]} = s.__k{j}" for j, k in enumerate(t.plan.key_positions))
-            (table.merge(t.source, cond, source_alias="s", target_alias="t", commit_properties=props)
-             .when_matched_delete("s.__action = 'D'")
-             .when_matched_update(update, "s.__action = 'U'")
-             .when_not_matched_insert(insert, "s.__action = 'U'")
-             .execute())
+            assert t.plan is not None
+            _merge(table, t.plan, t.source, props)
     newest = next(delta_log.commits(t.gold))
     return newest.version, dict(newest.metrics)
+
+
+def _merge(table, plan: TablePlan, source, props=None) -> None:
+    """The MERGE of a `_keyed_source` (by the key) or `_full_source` (by every column, NULLs equal, and the copy
+    number) into the delta-rs `table`, with `props` (`CommitProperties`) on its commit."""
+    cols = plan.shape.columns
+    if plan.strategy is KeyStrategy.FULL_ROW:
+        insert = {c: f"s.__v{i}" for i, c in enumerate(cols)}
+        insert.update({LSN_COL: "s.__lsn", COMMIT_TS_COL: "s.__ts", DUP_COL: "s.__dup"})
+        update = {LSN_COL: "s.__lsn", COMMIT_TS_COL: "s.__ts"}
+        cond = " AND ".join([*(f"(t.{c} IS NOT DISTINCT FROM s.__v{i})" for i, c in enumerate(cols)),
+                             f"(t.{DUP_COL} IS NOT DISTINCT FROM s.__dup)"])
+    else:
+        update, insert = _merge_values(cols, source.column_names)
+        cond = " AND ".join(f"t.{cols[k]} = s.__k{j}" for j, k in enumerate(plan.key_positions))
+    (table.merge(source, cond, source_alias="s", target_alias="t", commit_properties=props)
+     .when_matched_delete("s.__action = 'D'")
+     .when_matched_update(update, "s.__action = 'U'")
+     .when_not_matched_insert(insert, "s.__action = 'U'")
+     .execute())

@@ -8,8 +8,7 @@
     removed = b EXCEPT ALL a, added = a EXCEPT ALL b  (typed, Arrow)  ──▶ render_script ──▶ SQL
 
 The states are built without Spark where `undo_in_process` can (the in-process replay and merge: no key change
-of a row with an unchanged TOAST value, TRUNCATE or FULL-identity update or delete in the transaction, no `spark`
-passed), else by Spark's.
+of a row with an unchanged TOAST value or schema change in the transaction, no `spark` passed), else by Spark's.
 The merge engine builds both states either way, so a DEFAULT-identity delete (which carries only the key) gets its
 full before-image, unchanged TOAST columns keep their values, a key change is a row gone under the old key and a
 row added under the new one, and several changes of one row in the transaction collapse to (before, after).

@@ -8,9 +8,8 @@
     are in both versions and cancel out), as multisets of the columns' values
 
 The same result as `undo._table_undo`'s Spark states, where the in-process replay and merge take the batches: a
-transaction whose batch they decline (a key change of a row with an unchanged TOAST value, an update or delete
-of a FULL-identity row, a TRUNCATE, ...) goes to the Spark path, as does a table without a recorded state before
-it. Returns None then, nothing kept.
+transaction whose batch they decline (a key change of a row with an unchanged TOAST value, a schema change, ...) goes
+to the Spark path, as does a table without a recorded state before it. Returns None then, nothing kept.
 """
 from __future__ import annotations
 

@@ -1,21 +1,23 @@
-"""Benchmark: a sync of updates that leave a TOASTed column unchanged and of primary-key changes, merged in the
-sync's own process (`slotlake.merge.in_process`, the default) next to the same changes through the Spark apps
-(`spark.in_process_bytes: 0`, where such batches always went before 2026-12-06), in one run.
+"""Benchmark: a sync of updates that leave a TOASTed column unchanged, of primary-key changes and of a REPLICA
+IDENTITY FULL table's updates and deletes, merged in the sync's own process (`slotlake.merge.in_process`, the
+default) next to the same changes through the Spark apps (`spark.in_process_bytes: 0`, where such batches always
+went before 2026-12-06), in one run.
 
-    .venv/bin/python bench/toast_keys.py                       # 20,000 documents, ~60,000 row changes
-    .venv/bin/python bench/toast_keys.py --rows 50000 --rounds 20
+    .venv/bin/python bench/merge_cases.py                       # 20,000 rows per table, ~80,000 row changes
+    .venv/bin/python bench/merge_cases.py --rows 50000 --rounds 20
 
-Starts a throw-away PostgreSQL with two tables: `docs` (id bigint key, title, n, body: ~3 kB of text PostgreSQL
-stores out of line, so an update that does not set it sends it as "unchanged TOAST") and `accts` (id int key, v),
-and two sources on it, `here` and `spark`, each with its own slot, publication, lake and config. Each is synced once
-(slot + initial copy, untimed). Then `--rounds` rounds, each: a tenth of the documents updated twice without their
-body (unchanged TOAST: the merge takes it from gold's row), and a tenth of the accounts moved to a key 1,000,000
-higher (even rounds) or every moved account moved back (odd rounds): key changes, each a delete at the old key and
-the row at the new one. Then one `slotlake sync` of each source, in a new process timed from
-outside (interpreter start and imports included; its peak RSS is the process's own, a spark-submit's JVM is another
-process), next to the raw pull of the same slot (`COPY (SELECT ... pg_logical_slot_peek_binary_changes ...) TO
-STDOUT` read into nothing), measured first. changes/s = silver rows the sync decoded / sync seconds. At the end both
-lakes' gold tables are compared with PostgreSQL row by row (delta-rs).
+Starts a throw-away PostgreSQL with three tables: `docs` (id bigint key, title, n, body: ~3 kB of text PostgreSQL
+stores out of line, so an update that does not set it sends it as "unchanged TOAST"), `accts` (id int key, v) and
+`tags` (no key, REPLICA IDENTITY FULL: (kind, qty), every row twice), and two sources on it, `here` and `spark`,
+each with its own slot, publication, lake and config. Each is synced once (slot + initial copy, untimed). Then
+`--rounds` rounds, each: a tenth of the documents updated twice without their body (unchanged TOAST: the merge takes
+it from gold's row), and a tenth of the accounts moved to a key 1,000,000 higher (even rounds) or every moved
+account moved back (odd rounds): key changes, each a delete at the old key and the row at the new one, and a
+twentieth of the tags updated (both copies of each) and another twentieth deleted. Then one `slotlake sync` of each
+source, in a new process timed from outside (interpreter start and imports included; its peak RSS is the process's
+own, a spark-submit's JVM is another process), next to the raw pull of the same slot (`COPY (SELECT ...
+pg_logical_slot_peek_binary_changes ...) TO STDOUT` read into nothing), measured first. changes/s = silver rows the
+sync decoded / sync seconds. At the end both lakes' gold tables are compared with PostgreSQL row by row (delta-rs).
 """
 from __future__ import annotations
 
@@ -34,27 +36,16 @@ sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 sys.path.append(str(ROOT / "tests"))  # oracle.py
 
 import psycopg  # noqa: E402
+from variants import VARIANTS, write_config  # noqa: E402
 
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres  # noqa: E402
 
-TABLES = ["public.docs", "public.accts"]
-VARIANTS = {"here": None, "spark": 0}  # source -> spark.in_process_bytes (None: the default)
+TABLES = ["public.docs", "public.accts", "public.tags"]
 # The CLI's own main in a new interpreter, printing its peak RSS (kB) on the way out.
 RUN_CLI = ("import resource, sys\nfrom slotlake.cli import main\ntry:\n    rc = main(sys.argv[1:])\nfinally:\n"
            "    print('peak_rss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
            "sys.exit(rc)")
-
-
-def config(tmp: Path, dsn: str, source: str, in_process_bytes: int | None) -> Path:
-    spark: dict = {"master": "local[2]"}
-    if in_process_bytes is not None:
-        spark["in_process_bytes"] = in_process_bytes
-    cfg = tmp / f"{source}.yaml"
-    cfg.write_text(json.dumps({"lake": str(tmp / source / "lake"), "spark": spark,
-                               "sources": {source: {"dsn": dsn, "tables": TABLES, "slot": f"slotlake_{source}",
-                                                    "publication": f"slotlake_{source}"}}}))
-    return cfg
 
 
 def sync(cfg: Path, source: str) -> tuple[float, dict, int]:
@@ -98,7 +89,10 @@ def main() -> None:
             conn.execute(f"INSERT INTO docs SELECT g, 'doc ' || g, 0, (SELECT string_agg(md5(g::text || s::text), '')"
                          f" FROM generate_series(1, 100) s) FROM generate_series(1, {args.rows}) g")
             conn.execute(f"INSERT INTO accts SELECT g, g FROM generate_series(1, {args.rows}) g")
-        cfgs = {s: config(Path(tmp), dsn, s, b) for s, b in VARIANTS.items()}
+            conn.execute("CREATE TABLE tags (kind text, qty int)")
+            conn.execute("ALTER TABLE tags REPLICA IDENTITY FULL")
+            conn.execute(f"INSERT INTO tags SELECT 'k' || (g / 2), g / 2 FROM generate_series(1, {args.rows}) g")
+        cfgs = {s: write_config(Path(tmp), dsn, s, TABLES, b) for s, b in VARIANTS.items()}
         for s, cfg in cfgs.items():
             sync(cfg, s)  # slot + initial copy
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -110,6 +104,8 @@ def main() -> None:
                     conn.execute(f"UPDATE accts SET id = id + 1000000, v = v + 1 WHERE id % 10 = {part}")
                 else:
                     conn.execute("UPDATE accts SET id = id - 1000000 WHERE id > 1000000")
+                conn.execute(f"UPDATE tags SET qty = qty + 1 WHERE qty % 20 = {2 * part}")
+                conn.execute(f"DELETE FROM tags WHERE qty % 20 = {(2 * part + 11) % 20}")
         pulls = {s: raw_pull(dsn, s) for s in VARIANTS}
         results = {s: sync(cfg, s) for s, cfg in cfgs.items()}
         load_end = os.getloadavg()
