@@ -236,7 +236,8 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
 
 def _create_tables(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text, n bigint)")
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text, n bigint, big text)")
+        conn.execute("ALTER TABLE items ALTER COLUMN big SET STORAGE EXTERNAL")  # out of line, not compressed
         # FULL identity: a slice's rows are appended when gold holds no equal row (gold's files whose ranges
         # overlap the slice's are read to tell)
         conn.execute("CREATE TABLE hist (a int, b text, t timestamptz, v numeric(6,3))")
@@ -261,9 +262,9 @@ def test_a_backlog_bigger_than_a_slice_is_decoded_and_merged_slice_by_slice(pg_d
     """A backlog of many small bronze files (`extract.upto_nchanges: 60`) and `spark.in_process_bytes` of about two
     of them: the sync takes it slice by slice in process (a silver commit and a gold commit a slice, no JVM), with
     a hot row, keys inserted in one slice and deleted in a later one, FULL rows equal within a slice and whose
-    value ranges overlap gold's files (so gold's rows are read to tell that none is equal); then a
-    FULL row gold already holds in the middle of a backlog: the slices before it merge here, Spark's app does the
-    rest. Gold equals PostgreSQL and the Spark-only lake's gold row for row."""
+    value ranges overlap gold's files (so gold's rows are read to tell that none is equal); then a key change of a
+    row with an unchanged TOAST value in the middle of a backlog: the slices before it merge here, Spark's app does
+    the rest. Gold equals PostgreSQL and the Spark-only lake's gold row for row."""
     _create_tables(pg_db)
     extract = {"upto_nchanges": 60}
     probe = write_config(tmp_path / "slotlake.yaml", pg_db, extract=extract)
@@ -310,8 +311,8 @@ def test_a_backlog_bigger_than_a_slice_is_decoded_and_merged_slice_by_slice(pg_d
     sync(spark_cfg, SPARK)
     check(tmp_path, pg_db)
 
-    # 2. in the middle of the backlog, a FULL row gold already holds (its copy is numbered after gold's, which only
-    # the MERGE does): the slices before it are merged here, Spark does the rest
+    # 2. in the middle of the backlog, a key change of a row whose TOASTed value is unchanged (only Spark's merge
+    # follows it across keys): the slices before it are merged here, Spark does the rest
     with psycopg.connect(pg_db, autocommit=True) as conn:
         for i in range(40):
             with conn.transaction():
@@ -319,11 +320,12 @@ def test_a_backlog_bigger_than_a_slice_is_decoded_and_merged_slice_by_slice(pg_d
                 conn.execute("INSERT INTO hist VALUES (2, 'after', TIMESTAMPTZ '2025-01-01 00:00+00' + %s * "
                              "interval '1 hour')", (i,))
                 if i == 20:
-                    conn.execute("INSERT INTO hist VALUES (1, 'r1', TIMESTAMPTZ '2024-01-01 01:00+00')")
+                    conn.execute("UPDATE items SET big = repeat('x', 3000) WHERE id = 99")  # (small in bronze)
+                    conn.execute("UPDATE items SET id = 9999 WHERE id = 99")
     report, log = sync(cfg, IN_PROCESS)
     decoded, merged = _slices(log)
     assert decoded > merged >= 1, log[-3000:]
-    assert "gold holds one of the batch's rows" in log, log[-3000:]
+    assert "a key change and unchanged TOAST in one batch" in log, log[-3000:]
     assert "the rest by Spark" in log and launched_apps(log) == ["sync"], log[-3000:]
     sync(spark_cfg, SPARK)
     check(tmp_path, pg_db)
