@@ -2,11 +2,11 @@
 every recorded range, one range over several syncs (several slices) and a range given by time are rebuilt into
 `--dest` in the CLI's own process and equal the table as PostgreSQL held it at the range's end (recorded with
 `CREATE TABLE recorded.<t>_<i> AS SELECT *`, an unpublished schema); the same replay through the Spark app
-(`spark.in_process_bytes: 0`) writes the same rows, `_slotlake_` columns included; an in-place replay (twice)
-leaves the lake equal to PostgreSQL and silver's rows as they were; a range the in-process merge cannot write
-exactly (a new column) goes to the Spark app and still comes out right. `slotlake recover` of the
-recorded states runs in the CLI's process too (into Delta and into PostgreSQL) and writes what the recover Spark
-app writes."""
+(`spark.in_process_bytes: 0`) writes the same rows, `_slotlake_` columns included; an in-place replay (twice), and
+a backfill of the recorded intervals in place, leave the lake equal to PostgreSQL and silver's rows as they were;
+a range the in-process merge cannot write exactly (a new column) goes to the Spark app and still comes out right.
+`slotlake recover` of the recorded states runs in the CLI's process too (into Delta and into PostgreSQL) and writes
+what the recover Spark app writes."""
 from __future__ import annotations
 
 import collections
@@ -96,6 +96,15 @@ def _no_file_over_a_slice(paths: LakePaths, after: Lsn, slice_bytes: int) -> Non
                    and b.start_lsn.value < f.commit_end_lsn_max]
         size = sum(Path(b.path).stat().st_size for b in spanned)
         assert size <= slice_bytes, (f.path, [b.name for b in spanned], size, slice_bytes)
+
+
+def _no_file_across(paths: LakePaths, ends: list[Lsn]) -> None:
+    """No silver file holds changes on both sides of a run's end (`ends`)."""
+    from slotlake.merge.watermarks import silver_file_stats
+
+    for f in silver_file_stats(paths.changes) or ():
+        assert f.commit_end_lsn_min is not None and f.commit_end_lsn_max is not None, f
+        assert not any(f.commit_end_lsn_min <= e.value < f.commit_end_lsn_max for e in ends), (f, ends)
 
 
 def _by_spark(log: str) -> bool:
@@ -217,6 +226,23 @@ def test_replays_into_dest_run_in_process_and_equal_postgres_and_the_spark_repla
         # as the sync's decode writes them, no silver file spans more than a slice of bronze: merges stop between
         # slices (a replayed range written as one file sent a 5 M-change replay's merge to Spark)
         _no_file_over_a_slice(paths, ends[1], 2 * biggest + biggest // 2)
+    # a backfill in place, as the replay DAG runs one: the recorded intervals by time, in order, each in this
+    # process. A time resolves to the last commit before it, so each replay starts at the run end before that and
+    # re-derives the previous interval's run too; its silver files still end where the runs did (a file spanning
+    # two runs sent the next interval's merge to Spark: no layout summary for a window that cuts it). Slices of the
+    # default size here, so one slice holds both runs.
+    _config(cfg, pg_db, None)
+    for i in range(1, 4):
+        out = slotlake(cfg, "replay", "src", "--from", times[i - 1].isoformat(), "--to", times[i].isoformat(),
+                       server=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert launched_apps(out.stderr) == [] and "(in this process, " in out.stderr, \
+            "\n".join(x for x in out.stderr.splitlines() if "declined" in x) or out.stderr[-3000:]
+        for t in TABLES:
+            assert_gold_equals_pg(paths.gold(*t.split(".")), pg_db, t)
+        _no_file_across(paths, ends)
+    assert _rows(Path(paths.changes)) == silver_before
+    _config(cfg, pg_db, 2 * biggest + biggest // 2)
     _sql(pg_db, "INSERT INTO items VALUES (4242, 'after the replay', 1)", "UPDATE items SET n = 0 WHERE id = 7")
     sync_ok(cfg, "src")
     for t in TABLES:

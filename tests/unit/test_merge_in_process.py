@@ -167,3 +167,39 @@ def test_after_a_truncate_gold_is_what_the_later_changes_leave():
         (2, "y", 1), (3, None, 1)]
     with pytest.raises(Declined, match="after a TRUNCATE"):  # no gold row to keep the value of
         _prepare_truncated(keyed, PLAN, batch(("T", None, None, None), ("U", None, ["1", "a", None], [2])))
+
+
+def test_a_window_that_cuts_a_silver_file_is_read_and_counted_here(tmp_path):
+    """A silver file holding changes on both sides of the merge's window (an in-place replay's re-derived file, the
+    next interval's replay starting inside it) has a footer summary for the whole file only: the batch is read and
+    counted here, the rows at or before the window's start left out."""
+    import pyarrow.parquet as pq
+
+    from slotlake.merge.in_process import _counted_batch
+    from slotlake.merge.silver_stats import SilverFileStats
+
+    rows = batch(("I", None, ["1", "a", "x"], None), ("U", None, ["1", "b", None], [2]),
+                 ("I", None, ["2", "c", "y"], None), ("D", ["2", None, None], None, None),
+                 ("I", None, ["3", "d", "z"], None))
+    n = rows.num_rows
+    rows = rows.append_column("commit_end_lsn", pa.array([r + 10 for r in rows.column("commit_lsn").to_pylist()]))
+    for name, value, tp in (("schema_name", "public", pa.string()), ("table_name", "t", pa.string()),
+                            ("columns", ["id", "name", "big"], pa.list_(pa.string())),
+                            ("type_oids", [INT4, TEXT, TEXT], pa.list_(pa.int32())),
+                            ("typmods", [-1, -1, -1], pa.list_(pa.int32())),
+                            ("key_columns", ["id"], pa.list_(pa.string())), ("replica_identity", "d", pa.string())):
+        rows = rows.append_column(name, pa.array([value] * n, tp))
+    (tmp_path / "changes").mkdir()
+    pq.write_table(rows, tmp_path / "changes" / "part-0.parquet")
+    stats = [SilverFileStats("public", "public", "t", "t", 100, 114, "part-0.parquet", 104, 110)]
+    name = TableName("public", "t")
+    got, groups = _counted_batch(str(tmp_path / "changes"), stats, name, 111, 104, budget=10)  # ends 112..114
+    assert got.column("commit_lsn").to_pylist() == [102, 103, 104]
+    assert "columns" not in got.column_names and {"op", "old", "new", "unchanged"} <= set(got.column_names)
+    [g] = groups
+    assert (g.n, g.plain, g.ud, g.toast, g.truncs, g.lo, g.hi) == (3, 2, 1, 0, 0, (102, 0), (104, 0))
+    assert g.shape_map is not None and list(g.shape_map["columns"]) == ["id", "name", "big"]
+    _, groups = _counted_batch(str(tmp_path / "changes"), stats, name, None, 104, budget=10)
+    assert [(g.n, g.plain, g.ud, g.toast) for g in groups] == [(5, 3, 2, 1)]
+    with pytest.raises(Declined, match="more than"):
+        _counted_batch(str(tmp_path / "changes"), stats, name, None, 104, budget=4)

@@ -128,3 +128,17 @@ def test_an_in_place_replay_merges_silver_up_to_points_no_silver_file_straddles(
     assert _merge_ends([f((5, 90), (10, 100)), *stats[1:]], bronze, 0, 400, 1 << 20, 150) == [100, 200, 400]
     assert _merge_ends(stats, bronze, 200, 400, 1 << 20, 1_000) == [400]
     assert _merge_ends(stats, bronze, 400, 400, 1 << 20, 1_000) == []
+
+
+def test_a_replay_writes_silver_files_that_end_where_the_replaced_ones_did():
+    """The re-derived silver of an in-place replay is cut at the ends of the files it replaces (runs), so the next
+    interval's replay starts at a file's edge (`_split_at`)."""
+    from slotlake.recover.replay_in_process import _bronze_end, _split_at
+
+    files = [BronzeFile(f"/b/{i}.parquet", Lsn(i * 10), Lsn(i * 10 + 10)) for i in range(5)]  # ends 10, 20, .., 50
+    ends = [10, 20, 30, 40, 50]
+    assert _bronze_end(ends, 15) == 20 and _bronze_end(ends, 20) == 20 and _bronze_end(ends, 51) is None
+    cuts = {_bronze_end(ends, 12), _bronze_end(ends, 38)}  # two replaced files: commits ending up to 12 and to 38
+    assert [[f.end_lsn.value for f in g] for g in _split_at(files, cuts)] == [[10, 20], [30, 40], [50]]
+    assert [[f.end_lsn.value for f in g] for g in _split_at(files, set())] == [ends]
+    assert _split_at([], {10}) == []

@@ -61,7 +61,7 @@ from slotlake.merge.plan import (
     rewrite_note,
     stage_metadata,
 )
-from slotlake.merge.silver_stats import SilverFileStats, files_of, files_to_read, has_changes, tables_in_window
+from slotlake.merge.silver_stats import SilverFileStats, files_to_read, has_changes, tables_in_window
 from slotlake.names import TableName
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,22 @@ _MS_US = 1_000  # Delta's time stamp statistics are cut to milliseconds
 
 
 class Declined(Exception):
-    """This batch is not one the in-process merge writes exactly; Spark's merge does it."""
+    """This batch (or replay, recovery, undo) is not one done without Spark exactly; the Spark app does it."""
+
+
+def open_dataset(path: str, version: int | None = None):
+    """The Delta table at `path` (as of `version`, else its latest) as a pyarrow dataset read with delta-rs;
+    Declined for a table delta-rs does not read as Spark wrote it (column mapping, deletion vectors). delta-rs's
+    own errors propagate."""
+    import pyarrow.dataset as ds
+    from deltalake import DeltaTable
+
+    table = DeltaTable(str(storage.local_path(path)), version=version)
+    props = table.metadata().configuration or {}
+    if props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true" \
+            or "deletionVectors" in (table.protocol().reader_features or []):
+        raise Declined(f"{path} maps columns or has deletion vectors")
+    return table.to_pyarrow_dataset(parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
 
 
 @dataclass
@@ -235,7 +250,7 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     """Everything the table's commit needs, or Declined (nothing is written before every table is prepared); at
     most `budget` changes (the run's `MAX_CHANGES` left)."""
     from slotlake.merge.job import _footer_groups
-    from slotlake.merge.watermarks import _local_delta_state, local_files
+    from slotlake.merge.watermarks import _local_delta_state
     from slotlake.source.copies import SNAPSHOT_PROPERTY
 
     state = _local_delta_state(gold)
@@ -254,8 +269,9 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     if ddl_since(mark):
         raise Declined(f"a DDL event since {name}'s watermark")
     groups: list[LayoutGroup] | None = _footer_groups(changes_path, files, name, mark, end)
-    if groups is None:
-        raise Declined(f"{name}'s silver files have no layout summary")
+    batch = None
+    if groups is None:  # a file without a summary, or one the window cuts (a replay's re-derived file): counted here
+        batch, groups = _counted_batch(changes_path, files, name, after, int(end), budget)
     t.n = sum(g.n for g in groups)
     if t.n == 0:
         return t
@@ -275,8 +291,8 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     text = str(name)
     if src.keeps_history(text) or src.uses_deletion_vectors(text):
         raise Declined(f"{name}: a history table or deletion vectors")
+    t.last_commit_ts = max((g.last_ts for g in groups if g.last_ts is not None), default=None)
     if not shaped:  # TRUNCATE only: gold is emptied
-        t.last_commit_ts = max((g.last_ts for g in groups if g.last_ts is not None), default=None)
         return t
     g = shaped[0]
     s = g.shape_map
@@ -291,25 +307,22 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     if plan.soft_delete:
         raise Declined("soft deletes")
     _check_gold_schema(gold, plan)
-    chosen = files_to_read(files, name, after, int(end))
-    local = local_files(changes_path, chosen) if chosen else None
-    if not local or files_of(files, name, after, int(end)) is None:
-        raise Declined(f"{name}'s silver files are not all local and wholly in the window")
-    batch = _read_batch(local, name, after, int(end))
+    if batch is None:
+        batch = _read_batch(_local_silver(changes_path, files, name, after, int(end)), name, after, int(end))
     t.plan = plan
-    t.last_commit_ts = max((g.last_ts for g in groups if g.last_ts is not None), default=None)
     if t.truncate:  # changes before the last TRUNCATE are void: gold becomes what the later ones leave
         _prepare_truncated(t, plan, batch)
-    elif plan.strategy is KeyStrategy.KEYED:
-        t.source = _keyed_source(plan, _changes(batch), gold)
+        return t
+    changes = _changes(batch)
+    if plan.strategy is KeyStrategy.KEYED:
+        t.source = _keyed_source(plan, changes, gold)
     elif plan.strategy is KeyStrategy.INSERT_ONLY:
-        t.source, t.append = _append_rows(plan, _changes(batch), numbered=False), True
+        t.source, t.append = _append_rows(plan, changes, numbered=False), True
         t.unapplied = g.ud
-    elif g.plain == g.n and not _gold_holds_any(gold, plan, rows := _append_rows(plan, _changes(batch),
-                                                                                   numbered=True)):
+    elif g.plain == g.n and not _gold_holds_any(gold, plan, rows := _append_rows(plan, changes, numbered=True)):
         t.source, t.append = rows, True  # new rows only: copies numbered from 1
     else:
-        t.source = _full_source(plan, _changes(batch), gold)
+        t.source = _full_source(plan, changes, gold)
     return t
 
 
@@ -332,15 +345,14 @@ def _prepare_truncated(t: _Table, plan: TablePlan, batch) -> None:
     ops = batch.column("op").to_numpy(zero_copy_only=False)
     after = _changes(batch.slice(int(np.flatnonzero(ops == "T")[-1]) + 1))
     cols = list(plan.shape.columns)
-    if plan.strategy is KeyStrategy.KEYED:
-        source = _keyed_source(plan, after, None)
-        source = source.filter(pc.equal(source.column("__action"), "U"))
-        rows = pa.table([*(source.column(f"__v{i}") for i in range(len(cols))), source.column("__lsn"),
-                         source.column("__ts")], names=[*cols, LSN_COL, COMMIT_TS_COL])
-    elif plan.strategy is KeyStrategy.FULL_ROW:
-        source = _full_source(plan, after, None)
-        rows = pa.table([*(source.column(f"__v{i}") for i in range(len(cols))), source.column("__lsn"),
-                         source.column("__ts"), source.column("__dup")], names=[*cols, LSN_COL, COMMIT_TS_COL, DUP_COL])
+    if plan.strategy in (KeyStrategy.KEYED, KeyStrategy.FULL_ROW):
+        keyed = plan.strategy is KeyStrategy.KEYED
+        source = _keyed_source(plan, after, None) if keyed else _full_source(plan, after, None)
+        if keyed:
+            source = source.filter(pc.equal(source.column("__action"), "U"))
+        extra = [("__lsn", LSN_COL), ("__ts", COMMIT_TS_COL)] + ([] if keyed else [("__dup", DUP_COL)])
+        rows = pa.table([*(source.column(f"__v{i}") for i in range(len(cols))), *(source.column(c) for c, _ in extra)],
+                        names=[*cols, *(n for _, n in extra)])
     else:
         rows = _append_rows(plan, after, numbered=False)
         t.unapplied = int(pc.sum(pc.is_in(after.column("op"), pa.array(["U", "D"]))).as_py() or 0)
@@ -358,15 +370,54 @@ def _check_gold_schema(gold: str, plan: TablePlan) -> None:
         raise Declined(f"{plan.shape.qualified}: gold's columns are not the batch's")
 
 
-def _read_batch(files: Sequence[str], name: TableName, after: int | None, upto: int):
-    """The table's silver rows in (after, upto], TRUNCATE rows included, ordered by (commit_lsn, seq)."""
+def _local_silver(changes_path: str, files: Sequence[SilverFileStats], name: TableName, after: int | None,
+                  upto: int) -> list[str]:
+    """The local paths of the silver files that may hold the table's changes in (after, upto]; Declined when the
+    lake is not local."""
+    from slotlake.merge.watermarks import local_files
+
+    chosen = files_to_read(files, name, after, upto)
+    local = local_files(changes_path, chosen) if chosen else None
+    if not local:
+        raise Declined(f"{name}'s silver files are not local")
+    return local
+
+
+def _counted_batch(changes_path: str, files: Sequence[SilverFileStats], name: TableName, after: int | None,
+                   upto: int, budget: int) -> tuple[Any, list[LayoutGroup]]:
+    """(`_read_batch`, its layout groups counted as the decode counts a file's, `decode.layouts.LayoutScan`) for a
+    window whose files' footers cannot answer: one without a summary (Spark wrote it) or one holding changes on
+    both sides of the window (an in-place replay re-derives silver for whole runs, so the next interval's replay
+    starts inside its file). Declined past `budget` changes, before reading when the files hold more than twice
+    as many rows."""
+    import pyarrow.parquet as pq
+
+    from slotlake.decode.layouts import SHAPE_FIELDS, LayoutScan
+
+    local = _local_silver(changes_path, files, name, after, upto)
+    if sum(pq.read_metadata(p).num_rows for p in local) > 2 * budget:
+        raise Declined(f"more than {MAX_CHANGES:,} changes to merge")
+    batch = _read_batch(local, name, after, upto, extra=SHAPE_FIELDS)
+    if batch.num_rows > budget:
+        raise Declined(f"more than {MAX_CHANGES:,} changes to merge")
+    scan = LayoutScan()
+    scan.add(batch)
+    summary = scan.summary()
+    if summary is None:
+        raise Declined(f"{name}'s silver rows in the window cannot be counted here")
+    return batch.drop_columns([c for c in SHAPE_FIELDS if c in batch.column_names]), list(summary.groups)
+
+
+def _read_batch(files: Sequence[str], name: TableName, after: int | None, upto: int, extra: Sequence[str] = ()):
+    """The table's silver rows in (after, upto], TRUNCATE rows included, ordered by (commit_lsn, seq); `extra`:
+    more silver columns to read."""
     import pyarrow.dataset as ds
 
     cond = ((ds.field("schema_name") == name.schema) & (ds.field("table_name") == name.name)
             & (ds.field("commit_lsn") <= upto))
     if after is not None:
         cond = cond & (ds.field("commit_end_lsn") > after)
-    cols = ["commit_lsn", "seq", "commit_ts", "op", "old", "new", "unchanged"]
+    cols = ["commit_lsn", "seq", "commit_ts", "op", "old", "new", "unchanged", *extra]
     table = ds.dataset(list(files), format="parquet").to_table(columns=cols, filter=cond)
     return table.sort_by([("commit_lsn", "ascending"), ("seq", "ascending")])
 
@@ -542,15 +593,13 @@ def _check_gold_holds(plan: TablePlan, gold: str, keys: list, mask) -> None:
     import numpy as np
     import pyarrow as pa
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
 
     rows = pa.array(np.flatnonzero(mask.to_numpy(zero_copy_only=False)))
     if not len(rows):
         return
     kcols = [plan.shape.columns[k] for k in plan.key_positions]
     wanted = [k.take(rows) for k in keys]
-    data = DeltaTable(gold).to_pyarrow_dataset(
-        parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
+    data = open_dataset(gold)
     cond = None
     for c, w in zip(kcols, wanted):
         part = ds.field(c).isin(w.cast(data.schema.field(c).type))
@@ -705,20 +754,20 @@ def _full_source(plan: TablePlan, batch, gold: str | None):
     counts = _null_safe(_gold_rows_like(gold, plan, rows)).group_by(keys, use_threads=False) \
         .aggregate([("v0", "count")]) if rows.num_rows and gold is not None else None
     d = per_row.column("__sign_sum").to_numpy()
-    c = np.zeros(len(d), np.int64)
+    have = np.zeros(len(d), np.int64)  # gold's copies of each row
     if counts is not None and counts.num_rows:
         numbered = per_row.select(keys).append_column("__r", pa.array(np.arange(len(d))))
         joined = numbered.join(counts, keys, join_type="inner")
-        c[joined.column("__r").to_numpy()] = joined.column("v0_count").to_numpy()
-    target = np.maximum(c + d, 0)
-    lo, hi = np.minimum(c, target), np.maximum(c, target)  # copies lo+1..hi are added (target > c) or removed
+        have[joined.column("__r").to_numpy()] = joined.column("v0_count").to_numpy()
+    target = np.maximum(have + d, 0)
+    lo, hi = np.minimum(have, target), np.maximum(have, target)  # copies lo+1..hi: added (target > have) or removed
     span = hi - lo
     take = pa.array(np.repeat(np.arange(len(d)), span))
     dup = np.arange(int(span.sum())) - np.repeat(np.cumsum(span) - span, span) + np.repeat(lo, span) + 1
-    action = pa.array(np.where(np.repeat(target > c, span), "U", "D"))
+    action = pa.array(np.where(np.repeat(target > have, span), "U", "D"))
     last = batch.take(pc.take(per_row.column("__i_max").combine_chunks(), take))
     lsn, ts = _meta(last)
-    return pa.table([*(rows.column(c).take(take) for c in cols), pa.array(dup.astype(np.int32)), action, lsn, ts],
+    return pa.table([*(rows.column(col).take(take) for col in cols), pa.array(dup.astype(np.int32)), action, lsn, ts],
                     names=[*(f"__v{i}" for i in range(len(cols))), "__dup", "__action", "__lsn", "__ts"])
 
 

@@ -34,6 +34,7 @@ from slotlake.config import Config
 from slotlake.contracts import STAGE_DECODE, STAGE_RECOVER, CommitMeta
 from slotlake.lake import LakePaths, table_dir
 from slotlake.lsn import Lsn
+from slotlake.merge.in_process import Declined, open_dataset
 from slotlake.names import TableName
 from slotlake.recover.point import (
     Point,
@@ -46,7 +47,6 @@ from slotlake.recover.point import (
     version_at,
 )
 from slotlake.recover.replay import ReplayRequest, format_point
-from slotlake.recover.replay_in_process import Declined
 
 log = logging.getLogger(__name__)
 
@@ -172,11 +172,9 @@ def _history_covers(paths: LakePaths, table: TableName, lsn: Lsn) -> bool:
 
 
 def _open(path: str):
-    """The Delta table at `path` as a pyarrow dataset (`replay_in_process.open_dataset`); declined for one delta-rs
+    """The Delta table at `path` as a pyarrow dataset (`merge.in_process.open_dataset`); declined for one delta-rs
     does not read as Spark wrote it."""
     from deltalake.exceptions import DeltaError
-
-    from slotlake.recover.replay_in_process import open_dataset
 
     try:
         return open_dataset(path)

@@ -36,6 +36,7 @@ from slotlake.config import Config
 from slotlake.contracts import STAGE_DECODE, STAGE_MERGE, CommitMeta
 from slotlake.lake import LakePaths, table_dir
 from slotlake.lsn import Lsn
+from slotlake.merge.in_process import Declined, open_dataset
 from slotlake.merge.silver_stats import SilverFileStats
 from slotlake.names import TableName
 from slotlake.recover.replay import Point, ReplayRequest
@@ -50,10 +51,6 @@ from slotlake.recover.replay_job import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class Declined(Exception):
-    """This run is not one done here (a replay, or a recovery or undo built on one); the Spark app does it."""
 
 
 def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
@@ -155,23 +152,6 @@ def _resolve(changes_path: str, point: Point) -> Lsn:
     return Lsn(max(first - 1, 0)) if first is not None else Lsn(0)
 
 
-def open_dataset(path: str, version: int | None = None):
-    """The Delta table at `path` (as of `version`, else its latest) as a pyarrow dataset read with delta-rs;
-    Declined for a table delta-rs does not read as Spark wrote it (column mapping, deletion vectors). delta-rs's
-    own errors propagate."""
-    import pyarrow.dataset as ds
-    from deltalake import DeltaTable
-
-    from slotlake.merge.plan import COLUMN_MAPPING, DELETION_VECTORS
-
-    table = DeltaTable(str(storage.local_path(path)), version=version)
-    props = table.metadata().configuration or {}
-    if props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true" \
-            or "deletionVectors" in (table.protocol().reader_features or []):
-        raise Declined(f"{path} maps columns or has deletion vectors")
-    return table.to_pyarrow_dataset(parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
-
-
 def _copy_state(gold: str, base: tuple[Lsn, int], target: str) -> None:
     """`target` := a new Delta table holding gold as of version `base[1]` (time travel), its commit marked with the
     merge watermark `base[0]` (what `replay_job.build_states` writes with Spark). Streamed batch by batch."""
@@ -233,12 +213,17 @@ def _replace_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, after: Ls
     if not bronze:
         return 0
     # Written a slice at a time, as the sync's decode writes them: a silver file then spans at most a slice, so the
-    # merges below can stop between slices (`_merge_ends`) and each holds at most a slice's changes.
+    # merges below can stop between slices (`_merge_ends`) and each holds at most a slice's changes; and never
+    # across the end of a file it replaces (a run's end), so the next interval's replay starts at a file's edge
+    # and re-derives only its own runs (else each replay of a backfill would re-derive every interval before it).
+    replaced = set(removed)
+    cuts = {_bronze_end(ends, f.commit_end_lsn_max) for f in stats if f.path in replaced}
     written: list[dict] = []
     try:
-        for chunk, summary, _ in _slices(cfg, bronze):
-            written += _write_files(None, chunk, summary, MAX_HELD_ROWS, paths.changes, window=(lo, hi),
-                                    in_driver=True)
+        for group in _split_at(bronze, cuts):
+            for chunk, summary, _ in _slices(cfg, group):
+                written += _write_files(None, chunk, summary, MAX_HELD_ROWS, paths.changes, window=(lo, hi),
+                                        in_driver=True)
         if known is not None:
             _check_known(cfg, req.source, written, known)
     except Declined:
@@ -251,6 +236,24 @@ def _replace_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, after: Ls
     log.info("replay %s: re-decoded %d change(s) of %d bronze file(s) in (%s, %s] in place of %d silver file(s)",
              req.source, rows, len(bronze), Lsn(lo), Lsn(hi), len(removed))
     return rows
+
+
+def _bronze_end(bronze_ends: Sequence[int], lsn: int | None) -> int | None:
+    """The end of the bronze file holding a commit that ends at `lsn` (`bronze_ends` sorted); None past the last."""
+    import bisect
+
+    i = bisect.bisect_left(bronze_ends, lsn) if lsn is not None else len(bronze_ends)
+    return bronze_ends[i] if i < len(bronze_ends) else None
+
+
+def _split_at(files: Sequence[BronzeFile], cuts: set[int | None]) -> list[list[BronzeFile]]:
+    """`files` (in LSN order) in runs, each ending at a file whose end LSN is in `cuts` (or the last). Pure."""
+    groups: list[list[BronzeFile]] = [[]]
+    for f in files:
+        groups[-1].append(f)
+        if f.end_lsn.value in cuts:
+            groups.append([])
+    return [g for g in groups if g]
 
 
 def _whole_files(stats: Sequence[SilverFileStats], bronze_ends: Sequence[int], after: int,
