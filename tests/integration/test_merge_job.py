@@ -1083,3 +1083,36 @@ def test_scenarios_with_generated_code(scenario, spark, tmp_path, monkeypatch, c
             scenario(spark, tmp_path)
     merged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("merged ")]
     assert merged and all(m.endswith("; generated code)") for m in merged), merged
+
+
+# The same scenarios with each merge done by the in-process merge where it takes the batch (`slotlake sync`'s
+# path: `merge.in_process.merge_in_process`, no Spark), else by Spark's as a sync does. The first merge of each
+# creates gold (Spark's: loading a table is); the later ones must be in process, and every assertion of the
+# scenario (gold's rows, `_slotlake_` columns, `_runs`) holds as it does for Spark's merge. Silver here is written
+# by Spark's writer, without the decode's layout summaries: the in-process merge counts the batch itself. (Not
+# here: a NULL in a key column, and silver files holding several tables, which the in-process merge leaves to Spark.)
+_IN_PROCESS = [test_insert_update_delete_by_primary_key, test_using_index_key_is_not_the_first_column,
+               test_full_identity_keeps_identical_rows_and_deletes_one,
+               test_full_identity_unchanged_toast_comes_from_the_old_row, test_key_change_deletes_old_key_and_chains,
+               test_delete_then_reinsert_in_one_batch_ends_as_reinserted, test_unchanged_toast_keeps_the_gold_value,
+               test_truncate_in_the_middle_of_a_batch, test_truncate_alone_empties_the_table]
+
+
+class InProcessLake(Lake):
+    def __init__(self, spark, tmp_path, **source):
+        super().__init__(spark, tmp_path, **source)
+        self.engines: list[str] = []
+
+    def merge(self, tables=None):
+        from slotlake.merge.in_process import merge_in_process
+
+        report = merge_in_process(self.cfg, SRC) if tables is None else None
+        self.engines.append("in process" if report is not None else "spark")
+        return report if report is not None else super().merge(tables)
+
+
+@pytest.mark.parametrize("scenario", _IN_PROCESS, ids=lambda f: f.__name__.removeprefix("test_"))
+def test_scenarios_merged_in_process(scenario, spark, tmp_path):
+    lake = InProcessLake(spark, tmp_path)
+    scenario(lake)
+    assert lake.engines[0] == "spark" and "in process" in lake.engines[1:], lake.engines
