@@ -35,13 +35,14 @@ sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 sys.path.append(str(ROOT / "tests"))  # oracle.py
 
 import psycopg  # noqa: E402
-from e2e import pgbench, same_rows  # noqa: E402  (bench/e2e.py)
+from e2e import same_rows  # noqa: E402  (bench/e2e.py)
 from variants import write_config  # noqa: E402
 
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres  # noqa: E402
+from slotlake_dev.pgbench import pgbench, pgbench_db  # noqa: E402
 
 SOURCE = "day"
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
@@ -95,11 +96,7 @@ def main() -> None:
     txns = max(1, args.changes // CHANGES_PER_TXN // 2)
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="slotlake-bench-day-") as tmp, LocalPostgres() as pg:
-        pg.psql("CREATE DATABASE bench")
-        dsn = pg.dsn("bench")
-        pgbench(pg, "-i", "-q", "-s", "1")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
+        dsn = pgbench_db(pg, 1)
         cfg = write_config(Path(tmp), dsn, SOURCE, TABLES, None)
         cli(cfg, "sync", SOURCE)  # slot + initial copy
         pgbench(pg, "-n", "-c", "1", "-t", "1")  # silver and _runs get an end before the day: its replay base

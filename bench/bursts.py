@@ -38,12 +38,13 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import psycopg  # noqa: E402
-from e2e import CHANGES_PER_TXN, TABLES, _config, compare, decoded_rows, pgbench  # noqa: E402
+from e2e import CHANGES_PER_TXN, TABLES, _config, compare, decoded_rows  # noqa: E402
 from extract import baseline  # noqa: E402
 
 from slotlake import delta_log  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake_dev.localpg import LocalPostgres  # noqa: E402
+from slotlake_dev.pgbench import pgbench, pgbench_db  # noqa: E402
 from sparkserver import free_port, spark_server  # noqa: E402
 
 KINDS = ("JIT C2", "JIT C1", "GC", "the rest")
@@ -120,11 +121,8 @@ def main() -> None:
     per_txn = 2 if args.simple_update else CHANGES_PER_TXN
     txns = max(1, args.changes // per_txn // 4)
     with tempfile.TemporaryDirectory(prefix="slotlake-bench-bursts-") as tmp, LocalPostgres() as pg:
-        pg.psql("CREATE DATABASE bench")
-        dsn = pg.dsn("bench")
-        pgbench(pg, "-i", "-q", "-s", str(args.scale))
+        dsn = pgbench_db(pg, args.scale)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
             idle = [f"public.idle_{i:03d}" for i in range(args.idle_tables)]
             for t in idle:
                 conn.execute(f"CREATE TABLE {t} (id int PRIMARY KEY, v text)")

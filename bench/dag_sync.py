@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,19 +28,14 @@ sys.path.insert(0, str(ROOT / "plugins"))
 sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 sys.path.append(str(ROOT / "tests"))  # oracle.py
 
-import psycopg  # noqa: E402
 from variants import VARIANTS, write_config  # noqa: E402
 
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake_dev.airflow_local import dags_test, local_airflow_env, migrate  # noqa: E402
-from slotlake_dev.localpg import LocalPostgres, pg_bindir  # noqa: E402
+from slotlake_dev.localpg import LocalPostgres  # noqa: E402
+from slotlake_dev.pgbench import pgbench, pgbench_db  # noqa: E402
 
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
-
-
-def pgbench(pg: LocalPostgres, *args: str) -> None:
-    subprocess.run([str(pg_bindir() / "pgbench"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", pg.user, *args,
-                    "bench"], check=True, capture_output=True)
 
 
 def setup(tmp: Path, dsn: str, source: str, in_process_bytes: int | None) -> dict[str, str]:
@@ -67,11 +61,7 @@ def main() -> None:
     load_start = os.getloadavg()
     runs: dict[str, dict[str, list[float]]] = {s: {"idle": [], "1,000 changes": []} for s in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="slotlake-bench-dag-") as tmp, LocalPostgres() as pg:
-        pg.psql("CREATE DATABASE bench")
-        dsn = pg.dsn("bench")
-        pgbench(pg, "-i", "-q", "-s", "1")
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
+        dsn = pgbench_db(pg, 1)
         envs = {s: setup(Path(tmp), dsn, s, b) for s, b in VARIANTS.items()}
         first = {s: timed_run(env, s) for s, env in envs.items()}  # slot + initial copy
         for _ in range(args.repeat):

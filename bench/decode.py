@@ -25,7 +25,6 @@ import argparse
 import cProfile
 import os
 import pstats
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,23 +49,16 @@ from slotlake.decode.frames import BronzeRow, ChangeStreamDecoder
 from slotlake.decode.job import _BRONZE_BATCH_ROWS, _ROWS_PER_FILE, _read_bronze_files, decode_partition
 from slotlake.decode.silver_write import write_task
 from slotlake.lsn import Lsn
-from slotlake_dev.localpg import LocalPostgres, pg_bindir
+from slotlake_dev.localpg import LocalPostgres
+from slotlake_dev.pgbench import pgbench, pgbench_db
 
 OUT_BATCH_ROWS = 8192
-
-
-def pgbench(pg: LocalPostgres, *args: str) -> None:
-    cmd = [str(pg_bindir() / "pgbench"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", pg.user, *args, "bench"]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def capture(txns: int) -> pa.Table:
     """The frames of `txns` tpcb-like transactions (one bronze file's columns, without `file`)."""
     with LocalPostgres() as pg:
-        pg.psql("CREATE DATABASE bench")
-        pgbench(pg, "-i", "-q", "-s", "1")
-        pg.psql("ALTER TABLE pgbench_history REPLICA IDENTITY FULL", dbname="bench")
-        cap = Capture(pg.dsn("bench"))
+        cap = Capture(pgbench_db(pg, 1))
         try:
             pgbench(pg, "-n", "-c", "1", "-t", str(txns))
             frames = cap.peek()

@@ -63,8 +63,9 @@ from slotlake.config import load_config  # noqa: E402
 from slotlake.lake import LakePaths  # noqa: E402
 from slotlake.lsn import Lsn  # noqa: E402
 from slotlake.spark_apps.apps import sync_stages  # noqa: E402
-from slotlake_dev.localpg import LocalPostgres, pg_bindir  # noqa: E402
+from slotlake_dev.localpg import LocalPostgres  # noqa: E402
 from slotlake_dev.memory import peak_rss_mb  # noqa: E402
+from slotlake_dev.pgbench import pgbench, pgbench_db  # noqa: E402
 from sparkserver import free_port, spark_server  # noqa: E402  (tests/sparkserver.py)
 
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
@@ -128,12 +129,6 @@ def timed_sync(lake: str, dsn: str) -> dict:
 
 def preflight_and_extract(lake: str, dsn: str) -> dict:
     return run_in_child(_child_extract, lake, dsn)
-
-
-def pgbench(pg: LocalPostgres, *args: str) -> None:
-    cmd = [str(pg_bindir() / "pgbench"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", pg.user, *args, "bench"]
-    # LocalPostgres runs the server as the postgres OS user; pgbench connects over TCP like any client.
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def decoded_rows(paths: LakePaths, since_version: int) -> int:
@@ -296,12 +291,8 @@ def main() -> None:
     txns = max(1, args.changes // (2 if args.simple_update else CHANGES_PER_TXN) // args.clients)
     with tempfile.TemporaryDirectory(prefix="slotlake-bench-e2e-") as tmp, LocalPostgres() as pg, \
             contextlib.ExitStack() as stack:
-        pg.psql("CREATE DATABASE bench")
-        dsn = pg.dsn("bench")
         t = time.perf_counter()
-        pgbench(pg, "-i", "-q", "-s", str(args.scale))
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("ALTER TABLE pgbench_history REPLICA IDENTITY FULL")
+        dsn = pgbench_db(pg, args.scale)
         init_s = time.perf_counter() - t
         lake = str(Path(tmp) / "lake")
         if args.event_log:

@@ -33,16 +33,12 @@ sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 
 import psycopg
 
-from slotlake_dev.localpg import LocalPostgres, pg_bindir
+from slotlake_dev.localpg import LocalPostgres
+from slotlake_dev.pgbench import pgbench_db
 
 TABLE = "public.pgbench_accounts"
 SUMS = "count(*), sum(aid), sum(bid), sum(abalance)"
 TXN_ROWS = 10_000
-
-
-def pgbench(pg: LocalPostgres, *args: str) -> None:
-    cmd = [str(pg_bindir() / "pgbench"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", pg.user, *args, "bench"]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def reaped(config: Path, *args: str) -> tuple[float, float, str]:
@@ -95,9 +91,7 @@ def main() -> None:
     sources = {"both": ["plain", "hist"], "on": ["hist"], "off": ["plain"]}[args.history]
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="slotlake-bench-recover-") as tmp, LocalPostgres() as pg:
-        pg.psql("CREATE DATABASE bench")
-        dsn = pg.dsn("bench")
-        pgbench(pg, "-i", "-q", "-s", str(args.scale))
+        dsn = pgbench_db(pg, args.scale, full_history=False)
         config = Path(tmp) / "slotlake.yaml"
         config.write_text(json.dumps({"lake": str(Path(tmp) / "lake"), "spark": {"master": "local[2]"}, "sources": {
             s: {"dsn": dsn, "tables": [TABLE], "history": s == "hist"} for s in sources}}))  # JSON is YAML
