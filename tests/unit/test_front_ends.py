@@ -105,6 +105,22 @@ def test_an_app_moved_to_its_connections_master_is_built_for_it():
     assert dict(back.conf) == dict(app.conf) and not back.ship_code
 
 
+def test_an_s3a_lakes_jars_follow_the_master(monkeypatch):
+    """On a local master the S3 jars go after Spark's own on the driver's class path (SPARK_DIST_CLASSPATH, so
+    the class-data-sharing archive still maps); moved to a cluster master they travel in spark.jars instead."""
+    from slotlake.spark.session import DIST_CLASSPATH_ENV, s3_jars
+
+    monkeypatch.delenv(DIST_CLASSPATH_ENV, raising=False)
+    raw = {"lake": "s3a://bucket/lake", "storage": {"endpoint": "http://127.0.0.1:9000", "path_style": True},
+           "spark": {"master": "local[2]"}, "sources": {"shop": {"dsn": "postgresql://u@127.0.0.1/shop"}}}
+    app = spark_app(parse_config(raw, path="/etc/slotlake.yaml"), "shop", "merge")
+    assert app.env[DIST_CLASSPATH_ENV] == ":".join(s3_jars()) and "spark.driver.extraClassPath" not in app.conf
+    assert "hadoop-aws" not in app.conf["spark.jars"]
+    moved = on_master(app, "spark://m:7077")
+    assert DIST_CLASSPATH_ENV not in moved.env and all(j in moved.conf["spark.jars"].split(",") for j in s3_jars())
+    assert dict(on_master(moved, "local[2]").env) == dict(app.env)
+
+
 def test_config_not_from_a_file_is_refused():
     with pytest.raises(ConfigError, match="from a file"):
         spark_app(config(path=None), "shop", "decode")

@@ -48,15 +48,23 @@ def test_spark_conf_has_no_secrets(monkeypatch):
     assert "spark.hadoop.fs.s3a.endpoint" not in aws and aws["spark.hadoop.fs.s3a.path.style.access"] == "false"
 
 
-def test_spark_conf_adds_s3_jars_only_for_an_s3a_lake():
-    from slotlake.spark.session import s3_jars, spark_conf
+def test_spark_conf_adds_s3_jars_only_for_an_s3a_lake(monkeypatch):
+    from slotlake.spark.session import DIST_CLASSPATH_ENV, driver_env, s3_jars, spark_conf
 
+    monkeypatch.delenv(DIST_CLASSPATH_ENV, raising=False)
     local = spark_conf("local[2]")
     assert "hadoop-aws" not in local["spark.jars"] and "spark.driver.extraClassPath" not in local
+    assert driver_env("local[2]", None) == {}
     s3 = spark_conf("local[2]", storage=MINIO)
-    # A local master: the driver's class path (spark.jars would copy the SDK bundle into each run's work dir).
-    assert "hadoop-aws" not in s3["spark.jars"]
-    assert s3["spark.driver.extraClassPath"] == ":".join(s3_jars())
+    # A local master: the driver's class path (spark.jars would copy the SDK bundle into each run's work dir),
+    # after Spark's own jars (SPARK_DIST_CLASSPATH), so the class-data-sharing archive still maps.
+    assert "hadoop-aws" not in s3["spark.jars"] and "spark.driver.extraClassPath" not in s3
+    assert driver_env("local[2]", MINIO) == {DIST_CLASSPATH_ENV: ":".join(s3_jars())}
+    monkeypatch.setenv(DIST_CLASSPATH_ENV, "/opt/mine.jar")
+    assert driver_env("local[2]", MINIO) == {DIST_CLASSPATH_ENV: ":".join(["/opt/mine.jar", *s3_jars()])}
+    monkeypatch.setenv(DIST_CLASSPATH_ENV, driver_env("local[2]", MINIO)[DIST_CLASSPATH_ENV])  # a second session
+    assert driver_env("local[2]", MINIO) == {DIST_CLASSPATH_ENV: ":".join(["/opt/mine.jar", *s3_jars()])}
+    assert driver_env("spark://m:7077", MINIO) == {}
     assert s3["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
     cluster = spark_conf("spark://m:7077", storage=MINIO)
     assert all(j in cluster["spark.jars"].split(",") for j in s3_jars())

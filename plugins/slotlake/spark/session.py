@@ -98,6 +98,22 @@ def s3_jars() -> list[str]:
     return jars
 
 
+DIST_CLASSPATH_ENV = "SPARK_DIST_CLASSPATH"
+
+
+def driver_env(master: str, storage: StorageSettings | None) -> dict[str, str]:
+    """The environment a driver JVM on a local `master` needs for an s3a lake (`storage`): the S3 jars in
+    `SPARK_DIST_CLASSPATH` (this process's value first, if any), which Spark's launcher puts after its own jars.
+    Not `spark.driver.extraClassPath`, which goes before them: the driver's class path would then no longer start
+    with the one the class-data-sharing archive was dumped with (slotlake.spark.cds), and the JVM would load every
+    Spark class from the jars again ("Unable to use shared archive"). Where spark.jars would copy the 700 MB SDK
+    bundle into every run's work folder, the class path is enough. Empty for a local lake or a cluster master."""
+    if storage is None or local_cores(master) is None:
+        return {}
+    have = [p for p in os.environ.get(DIST_CLASSPATH_ENV, "").split(":") if p]
+    return {DIST_CLASSPATH_ENV: ":".join(have + [j for j in s3_jars() if j not in have])}
+
+
 def local_cores(master: str) -> int | None:
     """The cores of a local master (`local` 1, `local[N]` N, `local[*]` this machine's, `local[N,F]` N); None for a
     cluster master."""
@@ -130,10 +146,11 @@ def spark_conf(master: str = "local[*]", extra: Mapping[str, str] | None = None,
     conf["spark.jars"] = ",".join(delta_jars())
     if storage is not None:
         conf.update(spark_s3a_conf(storage))
-        if local is not None or "spark.executor.extraClassPath" in (extra or {}):
-            # Local master: driver and executors are one JVM, so the class path is enough, where spark.jars would
-            # copy the 700 MB SDK bundle into every run's work folder. A cluster whose nodes hold the jars says so
-            # with spark.executor.extraClassPath. Only for an s3a lake: a local lake's start loads none of it.
+        if local is not None:
+            pass  # driver and executors are one JVM: the jars go after Spark's on its class path (`driver_env`)
+        elif "spark.executor.extraClassPath" in (extra or {}):
+            # A cluster whose nodes hold the jars says so with spark.executor.extraClassPath; the driver (here)
+            # takes them from .jars/s3. Only for an s3a lake: a local lake's start loads none of it.
             conf["spark.driver.extraClassPath"] = ":".join(s3_jars())
         else:
             conf["spark.jars"] += "," + ",".join(s3_jars())
@@ -175,6 +192,7 @@ def get_spark(app_name: str = "slotlake", master: str | None = None, extra: Mapp
     builder = SparkSession.builder.appName(app_name)
     under_spark_submit = "SPARK_ENV_LOADED" in os.environ or bool(os.environ.get("SLOTLAKE_UNDER_SPARK_SUBMIT"))
     if not under_spark_submit:
+        os.environ.update(driver_env(master or "local[*]", storage))  # read by the JVM pyspark starts next
         for k, v in spark_conf(master or "local[*]", extra, storage=storage).items():
             builder = builder.config(k, v)
     elif extra:

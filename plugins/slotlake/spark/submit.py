@@ -23,7 +23,7 @@ from typing import Literal
 from slotlake.config import AUTO_SERVER, Config
 from slotlake.errors import ConfigError, SlotlakeError
 from slotlake.spark.code import PACKAGE_DIR, code_zip
-from slotlake.spark.session import local_cores, spark_conf
+from slotlake.spark.session import DIST_CLASSPATH_ENV, driver_env, local_cores, spark_conf
 from slotlake.storage import StorageSettings
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,8 @@ def on_master(app: SparkApp, master: str) -> SparkApp:
     its settings built for that master, the package shipped when it is not local."""
     if master == app.master:
         return app
-    return dataclasses.replace(app, master=master, conf=app_conf(master, app.user_conf, app.storage),
+    env = {k: v for k, v in app.env.items() if k != DIST_CLASSPATH_ENV} | driver_env(master, app.storage)
+    return dataclasses.replace(app, master=master, conf=app_conf(master, app.user_conf, app.storage), env=env,
                                ship_code=not is_local_master(master))
 
 
@@ -111,6 +112,7 @@ def spark_app(cfg: Config, source_name: str, stage: Stage, *, tables: Sequence[s
     }
     if cfg.path:
         env["SLOTLAKE_CONFIG"] = cfg.path
+    env.update(driver_env(master, cfg.storage))
     return SparkApp(name=f"slotlake-{stage}-{source_name}", application=str(application), args=tuple(args),
                     master=master, conf=app_conf(master, cfg.spark.conf, cfg.storage),
                     ship_code=not is_local_master(master), env=env, user_conf=dict(cfg.spark.conf), storage=cfg.storage,
