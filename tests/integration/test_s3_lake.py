@@ -2,7 +2,8 @@
 through the real CLI: the initial copy, inserts, updates, deletes, a column type change and a TRUNCATE, a crash in
 each window of tests/integration/test_faults.py (extract: after placing a bronze object with one conditional PUT,
 before advancing the slot; decode: after the `_catalog` commit, before silver's; merge: after the first table's gold
-commit, before the other tables and `_runs`), an idle sync that starts no JVM, and `recover --to s3a://...`. Gold
+commit, before the other tables and `_runs`), a small batch's decode written in the driver and committed by delta-rs,
+an idle sync that starts no JVM, and `recover --to s3a://...`. Gold
 equals PostgreSQL row by row after every phase (read with delta-rs through the configured endpoint), and at the end
 every Delta table in the bucket reads the same through delta-rs and Spark (s3a). Plus: a bronze object is never
 replaced.
@@ -79,6 +80,15 @@ def gold_mark(paths: LakePaths, table: str) -> str | None:
     return last.end_lsn if last else None
 
 
+def silver_writer(paths: LakePaths) -> str:
+    """The engine of silver's newest commit (its commitInfo's engineInfo), read from its Delta log on S3."""
+    newest = next(delta_log.commits(paths.changes))
+    raw = storage.files_for(paths.changes).read_bytes(
+        storage.join(paths.changes, "_delta_log", f"{newest.version:020d}.json"))
+    return next(json.loads(line)["commitInfo"].get("engineInfo", "") for line in raw.decode().splitlines()
+                if '"commitInfo"' in line)
+
+
 def run_ends(paths: LakePaths) -> set[str]:
     """The end LSNs of the complete merge runs in `_runs` (read with delta-rs through the endpoint)."""
     return {str(Lsn(v)) for v in read_delta_rs(paths.runs).column("run_end_lsn").to_pylist()}
@@ -150,6 +160,8 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     assert catalog_rows > catalog_before  # ...but the catalog commit landed on S3: the window was really hit
     report, _ = sync(cfg)
     assert silver_end(paths) != silver_before
+    # a small batch on S3 is decoded in the driver: its files written there, placed on S3, committed by delta-rs
+    assert silver_writer(paths).startswith("delta-rs"), silver_writer(paths)
     assert read_delta_rs(paths.catalog).num_rows == catalog_rows
     assert report["spark_skipped"] is False and report["merged"], report
     assert_gold(paths, pg_db)

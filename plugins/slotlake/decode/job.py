@@ -18,14 +18,17 @@ skips known definitions).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache, partial
+from pathlib import Path
 
 from slotlake import bronze as bronze_files
 from slotlake import contracts, delta_log, failpoints, storage
@@ -347,27 +350,10 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
     end = todo[-1].end_lsn
     started = time.monotonic()
     held = MAX_HELD_ROWS
-    # Spark's reading of bronze, built only when used: a local lake's files with the extract's frame summaries in
-    # their footers are summarized, and read by the decode's tasks, without it.
-    bronze = cache(partial(_bronze, spark, todo))
-    footer = _footer_summary(todo, held)  # local files with the extract's frame summaries
-    summary = footer or _summarize(bronze(), held)
-    meta_rows = _catalog_rows(None, summary, todo) if footer is not None else _catalog_rows(bronze(), summary)
-    added, warnings = _update_catalog(spark, paths.catalog, meta_rows, [b for b in boots if b.lsn <= end],
-                                      source=source, end_lsn=end)
-    ddl_events = write_ddl_log(spark, ddl_log_path(paths), [r for r in meta_rows if r["kind"] == KIND_DDL],
-                               source=source, end_lsn=end)
-    # Test-only failpoint: the process dies after the catalog and DDL log commits, before the silver commit.
-    failpoints.die_at(failpoints.DECODE_AFTER_CATALOG)
-    if silver_write.writes_directly(paths.changes):
-        n = _write_silver_directly(spark, todo, summary, held, paths.changes, source, end)
-    else:
-        changes = _silver_changes(bronze(), summary, held)
-        _executor_errors(lambda: changes.write.format("delta").mode("append").options(**contracts.SILVER_PROPERTIES)
-                         .option("txnAppId", app_id(source)).option("txnVersion", end.value)
-                         .option("userMetadata", CommitMeta(STAGE_DECODE, end).json())
-                         .save(paths.changes))
-        n = _rows_written(spark, paths.changes, end)
+    with tempfile.TemporaryDirectory(prefix="slotlake-decode-") as stage:
+        # An s3a lake's small batch is decoded as a local lake's is, from local copies of its bronze files.
+        local = _staged_bronze(todo, stage) if storage.is_s3(paths.root) else todo
+        n, added, warnings, ddl_events = _decode_files(spark, paths, source, todo, local, boots, end, held)
     secs = time.monotonic() - started
     for w in warnings:
         log.warning("decode %s: %s", source, w)
@@ -375,6 +361,59 @@ def run_decode(spark, cfg: Config, source: str) -> DecodeResult:
              "(%.1fs, %.0f rows/s)", source, len(todo), n, added, ddl_events, end, secs, n / secs if secs else 0)
     return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=end, catalog_versions_added=added,
                         ddl_events=ddl_events, warnings=tuple(warnings))
+
+
+def _decode_files(spark, paths: LakePaths, source: str, todo: list[BronzeFile], local: list[BronzeFile] | None,
+                  boots: list[BootstrapCatalog], end: Lsn, held: int) -> tuple[int, int, list[str], int]:
+    """`run_decode`'s commits for the bronze files `todo` (`local`: the same files on the local file system, else
+    None): `_catalog`, `_ddl_log` and silver. Returns (changes written, catalog versions added, warnings, DDL
+    events)."""
+    # Spark's reading of bronze, built only when used: local files with the extract's frame summaries in their
+    # footers are summarized, and read by the decode's tasks, without it.
+    bronze = cache(partial(_bronze, spark, todo))
+    footer = _footer_summary(local, held) if local is not None else None  # with the extract's frame summaries
+    summary = footer or _summarize(bronze(), held)
+    meta_rows = _catalog_rows(None, summary, local) if footer is not None and local is not None \
+        else _catalog_rows(bronze(), summary)
+    added, warnings = _update_catalog(spark, paths.catalog, meta_rows, [b for b in boots if b.lsn <= end],
+                                      source=source, end_lsn=end)
+    ddl_events = write_ddl_log(spark, ddl_log_path(paths), [r for r in meta_rows if r["kind"] == KIND_DDL],
+                               source=source, end_lsn=end)
+    # Test-only failpoint: the process dies after the catalog and DDL log commits, before the silver commit.
+    failpoints.die_at(failpoints.DECODE_AFTER_CATALOG)
+    if local is not None and (silver_write.writes_directly(paths.changes) or storage.is_s3(paths.changes)):
+        # a local lake's files by its tasks; an s3a lake's small batch here, each file then placed on S3
+        n = _write_silver_directly(spark, local, summary, held, paths.changes, source, end)
+    else:
+        changes = _silver_changes(bronze(), summary, held)
+        _executor_errors(lambda: changes.write.format("delta").mode("append").options(**contracts.SILVER_PROPERTIES)
+                         .option("txnAppId", app_id(source)).option("txnVersion", end.value)
+                         .option("userMetadata", CommitMeta(STAGE_DECODE, end).json())
+                         .save(paths.changes))
+        n = _rows_written(spark, paths.changes, end)
+    return n, added, warnings, ddl_events
+
+
+def _staged_bronze(files: list[BronzeFile], folder: str) -> list[BronzeFile] | None:
+    """The bronze `files` of an s3a lake copied into the local `folder` (same names), when they hold at most
+    `IN_DRIVER_BRONZE_BYTES` in all: a small batch is then decoded in the driver from its frame summaries, without a
+    Spark job (on S3 such a job and Spark's writer took 8 of a 1,000-change sync's 28 s: bench/README.md,
+    "bench/s3_sync.py"). None for a bigger batch (Spark reads and writes it) or a local lake."""
+    if not files or not storage.is_s3(files[0].path):
+        return None
+    store = storage.files_for(files[0].path)
+    out: list[BronzeFile] = []
+    size = 0
+    for f in files:
+        data = store.read_bytes(f.path)
+        size += len(data)
+        if size > IN_DRIVER_BRONZE_BYTES:
+            return None
+        local = os.path.join(folder, f.name)
+        with open(local, "wb") as fh:
+            fh.write(data)
+        out.append(dataclasses.replace(f, path=local))
+    return out
 
 
 SLICE_MAX_ROWS = 1_250_000
@@ -466,10 +505,19 @@ def _declined(source: str, why: str) -> None:
 
 def _write_silver_directly(spark, files: list[BronzeFile], summary: BronzeSummary, held: int, changes_path: str,
                            source: str, end: Lsn, in_driver: bool | None = None) -> int:
-    """The silver commit of a local lake: each task decodes its bronze file and writes its changes as Parquet
-    files, one table per file (`decode/silver_write.py`); one delta-rs commit adds them with the same
-    idempotent-write transaction and userMetadata as Spark's writer. Returns the rows added."""
-    written = _write_files(spark, files, summary, held, changes_path, in_driver=in_driver)
+    """The silver commit of the local bronze `files`: each task decodes its bronze file and writes its changes as
+    Parquet files, one table per file (`decode/silver_write.py`); one delta-rs commit adds them with the same
+    idempotent-write transaction and userMetadata as Spark's writer. On an s3a lake the files are decoded here,
+    written into a local folder and each placed under silver's folder on S3 (a conditional PUT) before that commit
+    (conditional PUTs of the log, `storage.delta_rs_options`). Returns the rows added."""
+    if storage.is_s3(changes_path):  # written into a local folder, then each placed under the table's
+        with tempfile.TemporaryDirectory(prefix="slotlake-silver-") as stage:
+            written = _write_files(spark, files, summary, held, changes_path, in_driver=True, folder=stage)
+            store = storage.files_for(changes_path)
+            for f in written:
+                store.put_new_file(storage.join(changes_path, f["path"]), os.path.join(stage, f["path"]))
+    else:
+        written = _write_files(spark, files, summary, held, changes_path, in_driver=in_driver)
     if not silver_write.commit(changes_path, written, app_id=app_id(source), version=end.value,
                                user_metadata=CommitMeta(STAGE_DECODE, end).json(),
                                properties=contracts.SILVER_PROPERTIES):
@@ -480,14 +528,16 @@ def _write_silver_directly(spark, files: list[BronzeFile], summary: BronzeSummar
 
 
 def _write_files(spark, files: list[BronzeFile], summary: BronzeSummary, held: int, changes_path: str,
-                 window: tuple[int | None, int] | None = None, in_driver: bool | None = None) -> list[dict]:
+                 window: tuple[int | None, int] | None = None, in_driver: bool | None = None,
+                 folder: str | None = None) -> list[dict]:
     """The decode's tasks write the changes of the local bronze `files` (within `window`, see
-    `silver_write.write_task`) as Parquet files into the folder of the local Delta table `changes_path`; their
-    descriptions, not committed. A task per file, which reads it itself (`_read_bronze_files`); in this process
-    when `in_driver` (None: for files of at most `IN_DRIVER_BRONZE_BYTES`)."""
-    folder = storage.local_path(changes_path)
-    folder.mkdir(parents=True, exist_ok=True)
-    task = partial(silver_write.write_task, folder=str(folder), rows_per_file=_ROWS_PER_FILE, window=window,
+    `silver_write.write_task`) as Parquet files into the folder of the local Delta table `changes_path` (or into
+    the local `folder`, whose files the caller places there); their descriptions, not committed. A task per file,
+    which reads it itself (`_read_bronze_files`); in this process when `in_driver` (None: for files of at most
+    `IN_DRIVER_BRONZE_BYTES`)."""
+    out = Path(folder) if folder is not None else storage.local_path(changes_path)
+    out.mkdir(parents=True, exist_ok=True)
+    task = partial(silver_write.write_task, folder=str(out), rows_per_file=_ROWS_PER_FILE, window=window,
                    decode=partial(decode_partition, known_ends=summary.big_ends, max_held_rows=held))
     reader = partial(_read_bronze_files, paths=[str(storage.local_path(f.path)) for f in files], task=task,
                      batch_rows=_BRONZE_BATCH_ROWS)

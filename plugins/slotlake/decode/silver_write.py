@@ -47,8 +47,9 @@ MAX_OPEN_FILES = 64
 """Parquet files a task keeps open; past it the oldest is closed (its table's next changes go to a new file)."""
 
 def writes_directly(changes_path: str) -> bool:
-    """Whether the decode writes silver's files itself: a lake on a local file system (the executors write where
-    the driver commits). An s3a lake keeps Spark's writer (its credentials and committer are Spark's)."""
+    """Whether the decode's tasks write silver's files themselves: a lake on a local file system (the executors
+    write where the driver commits). An s3a lake keeps Spark's writer for them (its credentials and committer are
+    Spark's); only a small batch decoded in the driver is written there directly (`decode.job._staged_bronze`)."""
     return not storage.is_s3(changes_path)
 
 
@@ -209,11 +210,13 @@ def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str
     adds, props = _adds_and_props(files, user_metadata, app_transactions=[Transaction(app_id, version)]
                                   if app_id is not None and version is not None else None)
     silver = contracts.arrow_schema(contracts.SILVER)
+    uri, options = storage.delta_rs_table_args(changes_path)  # an s3a lake: conditional PUTs (storage.py)
     try:
-        table = DeltaTable(changes_path)
+        table = DeltaTable(uri, storage_options=options or None)
     except TableNotFoundError:
-        create_table_with_add_actions(changes_path, Schema.from_arrow(silver), adds, mode="append",
-                                      configuration=dict(properties), commit_properties=props)
+        create_table_with_add_actions(uri, Schema.from_arrow(silver), adds, mode="append",
+                                      configuration=dict(properties), storage_options=options or None,
+                                      commit_properties=props)
         return True
     if overwrite and not _holds_silver(table):
         return False
