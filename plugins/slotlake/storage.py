@@ -158,6 +158,10 @@ class Files(Protocol):
         """The file's bytes; FileNotFoundError when it does not exist."""
         ...
 
+    def size(self, path: str) -> int:
+        """The file's size in bytes; FileNotFoundError when it does not exist."""
+        ...
+
     def put_new(self, path: str, data: bytes) -> None:
         """Create `path` durably; FileExistsError (nothing changed) when it exists."""
         ...
@@ -209,6 +213,9 @@ class LocalFiles:
 
     def read_bytes(self, path: str) -> bytes:
         return local_path(path).read_bytes()
+
+    def size(self, path: str) -> int:
+        return local_path(path).stat().st_size
 
     def _tmp(self, final: Path) -> Path:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -319,6 +326,15 @@ class S3Files:
         bucket, key = split_s3(path)
         try:
             return bytes(self._s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        except Exception as e:
+            if _error_code(e) in ("404", "NoSuchKey", "NotFound"):
+                raise FileNotFoundError(path) from None
+            raise
+
+    def size(self, path: str) -> int:
+        bucket, key = split_s3(path)
+        try:
+            return int(self._s3.head_object(Bucket=bucket, Key=key)["ContentLength"])
         except Exception as e:
             if _error_code(e) in ("404", "NoSuchKey", "NotFound"):
                 raise FileNotFoundError(path) from None

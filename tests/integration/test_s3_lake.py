@@ -217,7 +217,7 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     assert n >= len(TABLES) * 2 + 3, n
 
 
-def test_a_bronze_object_is_never_replaced(s3_server, s3_bucket, tmp_path):
+def test_a_bronze_object_is_never_replaced(s3_server, s3_bucket, tmp_path, monkeypatch):
     storage.configure(storage.StorageSettings(endpoint=s3_server.endpoint, region="us-east-1", path_style=True))
     root = f"s3a://{s3_bucket}/lake/shop"
     first = bronze.tmp_path(root, Lsn(0x10))
@@ -232,6 +232,17 @@ def test_a_bronze_object_is_never_replaced(s3_server, s3_bucket, tmp_path):
     files = storage.files_for(placed.path)
     with pytest.raises(FileExistsError):
         files.put_new(placed.path, b"third")
-    assert files.read_bytes(placed.path) == b"first"
+    assert files.read_bytes(placed.path) == b"first" and files.size(placed.path) == len(b"first")
+    with pytest.raises(FileNotFoundError):
+        files.size(f"{root}/bronze/nope.parquet")
     assert [f.path for f in bronze.list_bronze(root)] == [placed.path]
     assert s3_server.keys(s3_bucket) == [f"lake/shop/bronze/{bronze.bronze_name(Lsn(0x10), Lsn(0x20))}"]
+    # a small batch's files are copied for the decode in the driver (names and LSNs kept); a bigger one is not read
+    from slotlake.decode import job
+
+    staged = job._staged_bronze(bronze.list_bronze(root), str(tmp_path))
+    assert staged is not None and [(f.name, f.start_lsn, f.end_lsn) for f in staged] == [
+        (placed.name, placed.start_lsn, placed.end_lsn)] and Path(staged[0].path).read_bytes() == b"first"
+    monkeypatch.setattr(job, "IN_DRIVER_BRONZE_BYTES", len(b"first") - 1)
+    assert job._staged_bronze(bronze.list_bronze(root), str(tmp_path / "big")) is None
+    assert not (tmp_path / "big").exists()

@@ -88,7 +88,9 @@ def test_local_put_new_never_replaces(tmp_path):
     files.put_new(target, b"first")
     with pytest.raises(FileExistsError):
         files.put_new(target, b"second")
-    assert files.read_bytes(target) == b"first"
+    assert files.read_bytes(target) == b"first" and files.size(target) == len(b"first")
+    with pytest.raises(FileNotFoundError):
+        files.size(str(tmp_path / "bronze" / "nope.json"))
     assert files.list_names(str(tmp_path / "bronze")) == ["a.json"]  # the refused write left no temporary file
     files.write_replace(target, b"third")
     assert files.read_bytes(target) == b"third"

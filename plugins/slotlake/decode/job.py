@@ -402,13 +402,14 @@ def _staged_bronze(files: list[BronzeFile], folder: str) -> list[BronzeFile] | N
     if not files or not storage.is_s3(files[0].path):
         return None
     store = storage.files_for(files[0].path)
+    total = 0
+    for f in files:  # sizes asked first (and only until past the limit): nothing big is downloaded
+        total += store.size(f.path)
+        if total > IN_DRIVER_BRONZE_BYTES:
+            return None
     out: list[BronzeFile] = []
-    size = 0
     for f in files:
         data = store.read_bytes(f.path)
-        size += len(data)
-        if size > IN_DRIVER_BRONZE_BYTES:
-            return None
         local = os.path.join(folder, f.name)
         with open(local, "wb") as fh:
             fh.write(data)
