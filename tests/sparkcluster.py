@@ -58,8 +58,8 @@ def _wait(what: str, ok, proc: subprocess.Popen, log: Path, seconds: float = 180
         try:
             if ok():
                 return
-        except OSError:
-            pass
+        except (OSError, ValueError):  # not listening yet, or a web UI answering before its first state (empty
+            pass                       # body: JSONDecodeError; seen once in CI on 2026-12-06)
         assert proc.poll() is None, f"{what} exited:\n{log.read_text()[-3000:]}"
         assert time.monotonic() < deadline, f"{what} not up in {seconds:.0f} s:\n{log.read_text()[-3000:]}"
         time.sleep(0.5)
