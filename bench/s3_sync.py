@@ -3,16 +3,20 @@ next to the same runs on a local lake, in one run.
 
     .venv/bin/python bench/s3_sync.py                 # 3 idle and 3 1,000-change syncs of each variant
     .venv/bin/python bench/s3_sync.py --repeat 5
+    .venv/bin/python bench/s3_sync.py --transactions 25000 --repeat 1   # 100,000-change syncs
 
 Starts a throw-away PostgreSQL with `pgbench -i -s 1` (`pgbench_history` REPLICA IDENTITY FULL), a `moto_server`
 (tests/s3server.py; dummy credentials in this process's environment only) and three sources on the database, each
 with its own slot, publication, config and lake:
 - `local`: a local lake, the default config (decode and merge of a small batch in the CLI's own process);
-- `s3`: `lake: s3a://<bucket>/lake`, the default config (every non-idle sync spark-submits its Spark app);
-- `s3auto`: the same on another bucket with `spark.server: auto` (the first run starts a Spark driver that later
-  runs reuse; stopped at the end).
-Each is synced once (slot + initial copy, timed, not counted); then, `--repeat` times: 250 tpcb-like pgbench
-transactions (1,000 row changes over the 4 tables, into every slot), a sync of each, an idle sync of each. Every
+- `s3`: `lake: s3a://<bucket>/lake`, the default config (the same in process, on S3);
+- `s3spark`: the same on another bucket with `spark.in_process_bytes: 0`: every sync with changes spark-submits its
+  Spark app (what every s3a sync did before the in-process path took S3 lakes);
+- `s3auto`: the same on a third bucket with `spark.server: auto` (the first run starts a Spark driver that later
+  runs reuse where Spark is needed; stopped at the end).
+Each is synced once (slot + initial copy, timed, not counted); then, `--repeat` times: `--transactions` (250)
+tpcb-like pgbench transactions (4 row changes each over the 4 tables, into every slot), a sync of each, an idle sync
+of each. Every
 sync is a whole `slotlake sync` process timed from outside; reported as the median and every run, with the
 sync's own report line of the last run. At the end every gold table is compared with PostgreSQL row by row
 (delta-rs, through the endpoint for the s3a lakes).
@@ -21,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import subprocess
@@ -35,6 +38,8 @@ sys.path.insert(0, str(ROOT / "plugins"))
 sys.path.append(str(ROOT))  # slotlake_dev: test and demo support
 sys.path.append(str(ROOT / "tests"))  # oracle.py, s3server.py
 
+from variants import write_config  # noqa: E402
+
 from oracle import assert_gold_equals_pg  # noqa: E402
 from s3server import TEST_CREDENTIALS, MotoServer  # noqa: E402
 from slotlake.config import load_config  # noqa: E402
@@ -43,24 +48,17 @@ from slotlake_dev.localpg import LocalPostgres  # noqa: E402
 from slotlake_dev.pgbench import pgbench, pgbench_db  # noqa: E402
 
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
-VARIANTS = ("local", "s3", "s3auto")
+VARIANTS = ("local", "s3", "s3spark", "s3auto")
 
 
-def write_config(tmp: Path, dsn: str, source: str, moto: MotoServer) -> Path:
-    """`tmp/<source>.yaml`: the source with its own slot, publication and lake (JSON is YAML)."""
-    spark: dict = {"master": "local[2]"}
-    doc: dict = {"spark": spark, "sources": {source: {
-        "dsn": dsn, "tables": TABLES, "slot": f"slotlake_{source}", "publication": f"slotlake_{source}"}}}
+def config_of(tmp: Path, dsn: str, source: str, moto: MotoServer) -> Path:
+    """The variant's config (`variants.write_config`): a local lake, or a new bucket with the endpoint's settings."""
     if source == "local":
-        doc["lake"] = str(tmp / source / "lake")
-    else:
-        doc["lake"] = f"s3a://{moto.new_bucket()}/lake"
-        doc["storage"] = {"endpoint": moto.endpoint, "region": "us-east-1", "path_style": True}
-    if source == "s3auto":
-        spark["server"] = "auto"
-    cfg = tmp / f"{source}.yaml"
-    cfg.write_text(json.dumps(doc))
-    return cfg
+        return write_config(tmp, dsn, source, TABLES, None)
+    storage = {"endpoint": moto.endpoint, "region": "us-east-1", "path_style": True}
+    return write_config(tmp, dsn, source, TABLES, 0 if source == "s3spark" else None,
+                        lake=f"s3a://{moto.new_bucket()}/lake", storage=storage,
+                        server="auto" if source == "s3auto" else None)
 
 
 def timed_sync(cfg: Path, source: str) -> tuple[float, str]:
@@ -78,10 +76,13 @@ def timed_sync(cfg: Path, source: str) -> tuple[float, str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3, help="idle and 1,000-change syncs of each (default 3)")
+    ap.add_argument("--transactions", type=int, default=250,
+                    help="pgbench transactions before each sync, 4 row changes each (default 250: 1,000 changes)")
     args = ap.parse_args()
+    batch = f"{4 * args.transactions:,} changes"
     load_start = os.getloadavg()
     os.environ.update(TEST_CREDENTIALS)  # moto accepts any; the CLI and Spark processes inherit them
-    runs: dict[str, dict[str, list[float]]] = {v: {"idle": [], "1,000 changes": []} for v in VARIANTS}
+    runs: dict[str, dict[str, list[float]]] = {v: {"idle": [], batch: []} for v in VARIANTS}
     last: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="slotlake-bench-s3-") as tmp, LocalPostgres() as pg, \
             contextlib.ExitStack() as stack:
@@ -89,7 +90,7 @@ def main() -> None:
         moto = MotoServer().start()
         stack.callback(moto.stop)
         dsn = pgbench_db(pg, 1)
-        cfgs = {v: write_config(Path(tmp), dsn, v, moto) for v in VARIANTS}
+        cfgs = {v: config_of(Path(tmp), dsn, v, moto) for v in VARIANTS}
         from slotlake.spark.auto_server import stop_server
         from slotlake.spark.submit import spark_app
 
@@ -99,28 +100,29 @@ def main() -> None:
             secs, _ = timed_sync(cfg, v)
             print(f"{v}: first sync (slot + initial copy) {secs:.1f}s", flush=True)
         for i in range(args.repeat):
-            pgbench(pg, "-n", "-c", "1", "-t", "250")
+            pgbench(pg, "-n", "-c", "1", "-t", str(args.transactions))
             for v, cfg in cfgs.items():
                 secs, last[v] = timed_sync(cfg, v)
-                runs[v]["1,000 changes"].append(secs)
+                runs[v][batch].append(secs)
             for v, cfg in cfgs.items():
                 runs[v]["idle"].append(timed_sync(cfg, v)[0])
-            print(f"round {i + 1}: " + ", ".join(f"{v} {runs[v]['1,000 changes'][-1]:.1f}s / idle "
+            print(f"round {i + 1}: " + ", ".join(f"{v} {runs[v][batch][-1]:.1f}s / idle "
                                                  f"{runs[v]['idle'][-1]:.1f}s" for v in VARIANTS), flush=True)
         for v, cfg in cfgs.items():
             c = load_config(str(cfg))  # an s3a lake's endpoint for delta-rs (storage.configure)
             paths = LakePaths.of(c.lake, v)
             for t in TABLES:
                 assert_gold_equals_pg(paths.gold(*t.split(".")), dsn, t)
-        print("gold == PostgreSQL: every table of the three lakes, row by row")
+        print(f"gold == PostgreSQL: every table of the {len(VARIANTS)} lakes, row by row")
     print()
-    print(f"{'variant':8} {'idle s (median)':>16} {'1,000-change s (median)':>24}  every run")
+    print(f"{'variant':8} {'idle s (median)':>16} {batch + ' s (median)':>26}  every run")
     for v in VARIANTS:
-        idle, small = runs[v]["idle"], runs[v]["1,000 changes"]
-        print(f"{v:8} {statistics.median(idle):16.1f} {statistics.median(small):24.1f}  idle "
-              f"{', '.join(f'{x:.1f}' for x in idle)}; 1,000 {', '.join(f'{x:.1f}' for x in small)}")
+        idle, small = runs[v]["idle"], runs[v][batch]
+        print(f"{v:8} {statistics.median(idle):16.1f} {statistics.median(small):26.1f}  idle "
+              f"{', '.join(f'{x:.1f}' for x in idle)}; {batch} {', '.join(f'{x:.1f}' for x in small)}"
+              f" ({4 * args.transactions / statistics.median(small):,.0f} changes/s)")
     for v in VARIANTS:
-        print(f"last 1,000-change sync of {v}: {last.get(v)}")
+        print(f"last sync of {batch} of {v}: {last.get(v)}")
     end = os.getloadavg()
     print(f"load average (1/5/15 min): start {'/'.join(f'{x:.1f}' for x in load_start)}, "
           f"end {'/'.join(f'{x:.1f}' for x in end)} on {os.cpu_count()} CPUs")

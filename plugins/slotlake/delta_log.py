@@ -37,6 +37,7 @@ class DeltaCommit:
     operation: str  # WRITE, MERGE, DELETE, TRUNCATE, ...
     metrics: Mapping[str, int] = field(default_factory=dict)  # operationMetrics, as ints
     meta: CommitMeta | None = None  # the "slotlake" object of userMetadata, when present
+    engine: str = ""  # commitInfo.engineInfo: who wrote it ("Apache-Spark/... Delta-Lake/...", "delta-rs:...")
 
     @property
     def slotlake(self) -> Mapping[str, Any] | None:
@@ -121,7 +122,7 @@ def _parse_commit(version: int, text: str) -> DeltaCommit:
     meta = CommitMeta.parse(info.get("userMetadata"))  # None for someone else's free-text metadata
     ts = datetime.fromtimestamp(int(info.get("timestamp", 0)) / 1000, tz=UTC)
     return DeltaCommit(version=version, timestamp=ts, operation=str(info.get("operation", "")), metrics=metrics,
-                       meta=meta)
+                       meta=meta, engine=str(info.get("engineInfo") or ""))
 
 
 def commits(table_path: str, *, newest_first: bool = True) -> Iterator[DeltaCommit]:

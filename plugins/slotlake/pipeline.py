@@ -264,13 +264,13 @@ def task_decode_and_merge(cfg: Config, source_name: str) -> None:
 
 
 def _in_process_first(cfg: Config, source_name: str) -> bool:
-    """Whether this process may decode and merge the first slice of the backlog itself: a local lake, and the first
-    bronze file past silver's watermark of at most `spark.in_process_bytes` (False when that cannot be told here)."""
+    """Whether this process may decode and merge the first slice of the backlog itself: the first bronze file past
+    silver's watermark of at most `spark.in_process_bytes` (False when that cannot be told here)."""
     from slotlake.decode.job import first_slice_fits
 
     paths = LakePaths.of(cfg.lake, source_name)
     limit = cfg.spark.in_process_bytes
-    return bool(limit) and not storage.is_s3(paths.root) and first_slice_fits(paths, limit)
+    return bool(limit) and first_slice_fits(paths, limit)
 
 
 def _slices_here(cfg: Config, source_name: str) -> tuple[dict[str, float], int, int]:

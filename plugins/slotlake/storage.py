@@ -18,8 +18,11 @@ variables.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -105,6 +108,29 @@ def delta_rs_table_args(path: str) -> tuple[str, dict[str, str]]:
     return str(local_path(path)), {}
 
 
+def arrow_files(path: str) -> tuple[Any, str]:
+    """(pyarrow file system, path on it) to read the lake file or folder at `path` with pyarrow (`pq.read_table`,
+    `ds.dataset`, ... with `filesystem=`): None and the local path for a local lake, an `S3FileSystem` with this
+    process's settings and `bucket/key` for s3a (credentials from the environment, as boto3 and delta-rs)."""
+    if not is_s3(path):
+        return None, str(local_path(path))
+    return _arrow_s3(active_settings(), *(credentials().get(k) for k in
+                                          ("aws_access_key_id", "aws_secret_access_key", "aws_session_token"))), \
+        path[len(S3A):]
+
+
+@functools.cache
+def _arrow_s3(settings: StorageSettings, key: str, secret: str, token: str | None) -> Any:
+    from pyarrow import fs
+
+    endpoint = settings.endpoint or ""
+    scheme = "http" if endpoint.startswith("http://") else "https"
+    return fs.S3FileSystem(access_key=key, secret_key=secret, session_token=token,
+                           region=settings.region or "us-east-1",
+                           endpoint_override=endpoint.split("://", 1)[-1] or None, scheme=scheme,
+                           force_virtual_addressing=bool(endpoint) and not settings.path_style)
+
+
 def spark_s3a_conf(settings: StorageSettings) -> dict[str, str]:
     """The `spark.hadoop.fs.s3a.*` settings of an s3a lake. No secret values: the credentials provider reads the
     environment of the driver (and of executors, which a cluster gives them or an instance role replaces)."""
@@ -162,6 +188,11 @@ class Files(Protocol):
         """The file's size in bytes; FileNotFoundError when it does not exist."""
         ...
 
+    def get_file(self, path: str, local: str) -> None:
+        """Copy the file at `path` to the local path `local` (streamed, not held in memory); FileNotFoundError
+        when it does not exist."""
+        ...
+
     def put_new(self, path: str, data: bytes) -> None:
         """Create `path` durably; FileExistsError (nothing changed) when it exists."""
         ...
@@ -216,6 +247,9 @@ class LocalFiles:
 
     def size(self, path: str) -> int:
         return local_path(path).stat().st_size
+
+    def get_file(self, path: str, local: str) -> None:
+        shutil.copyfile(local_path(path), local)
 
     def _tmp(self, final: Path) -> Path:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -291,6 +325,17 @@ def _error_code(e: Exception) -> str:
     return str(getattr(e, "response", {}).get("Error", {}).get("Code", ""))
 
 
+@contextlib.contextmanager
+def _not_found_as(path: str) -> Iterator[None]:
+    """An S3 call's "no such key" as FileNotFoundError(path), as the local file system says it."""
+    try:
+        yield
+    except Exception as e:
+        if _error_code(e) in ("404", "NoSuchKey", "NotFound"):
+            raise FileNotFoundError(path) from None
+        raise
+
+
 class S3Files:
     """A lake on S3 or an S3-compatible store, through boto3. "Folders" are key prefixes ending in `/`."""
 
@@ -324,21 +369,18 @@ class S3Files:
 
     def read_bytes(self, path: str) -> bytes:
         bucket, key = split_s3(path)
-        try:
+        with _not_found_as(path):
             return bytes(self._s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-        except Exception as e:
-            if _error_code(e) in ("404", "NoSuchKey", "NotFound"):
-                raise FileNotFoundError(path) from None
-            raise
 
     def size(self, path: str) -> int:
         bucket, key = split_s3(path)
-        try:
+        with _not_found_as(path):
             return int(self._s3.head_object(Bucket=bucket, Key=key)["ContentLength"])
-        except Exception as e:
-            if _error_code(e) in ("404", "NoSuchKey", "NotFound"):
-                raise FileNotFoundError(path) from None
-            raise
+
+    def get_file(self, path: str, local: str) -> None:
+        bucket, key = split_s3(path)
+        with _not_found_as(path):
+            self._s3.download_file(bucket, key, local)
 
     def _put_new(self, path: str, body: Any) -> None:
         bucket, key = split_s3(path)

@@ -3,7 +3,8 @@ through the real CLI: the initial copy, inserts, updates, deletes, a column type
 each window of tests/integration/test_faults.py (extract: after placing a bronze object with one conditional PUT,
 before advancing the slot; decode: after the `_catalog` commit, before silver's; merge: after the first table's gold
 commit, before the other tables and `_runs`), a small batch's decode written in the driver and committed by delta-rs,
-an idle sync that starts no JVM, and `recover --to s3a://...`. Gold
+an idle sync that starts no JVM, a small batch decoded and merged in the CLI's own process (no JVM), and `recover
+--to s3a://...`. Gold
 equals PostgreSQL row by row after every phase (read with delta-rs through the configured endpoint), and at the end
 every Delta table in the bucket reads the same through delta-rs and Spark (s3a). Plus: a bronze object is never
 replaced.
@@ -82,11 +83,7 @@ def gold_mark(paths: LakePaths, table: str) -> str | None:
 
 def silver_writer(paths: LakePaths) -> str:
     """The engine of silver's newest commit (its commitInfo's engineInfo), read from its Delta log on S3."""
-    newest = next(delta_log.commits(paths.changes))
-    raw = storage.files_for(paths.changes).read_bytes(
-        storage.join(paths.changes, "_delta_log", f"{newest.version:020d}.json"))
-    return next(json.loads(line)["commitInfo"].get("engineInfo", "") for line in raw.decode().splitlines()
-                if '"commitInfo"' in line)
+    return next(delta_log.commits(paths.changes)).engine
 
 
 def run_ends(paths: LakePaths) -> set[str]:
@@ -203,7 +200,27 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     assert clirun.launched_apps(log) == []  # run_spark_app was never called: no spark-submit, no JVM
     assert delta_log.readable(paths.root) and delta_log.latest_slotlake_commit(paths.changes, "decode")
 
-    # 5. recover both tables as of `point` into the bucket, compared with PostgreSQL as it was then
+    # 5. a small batch (inserts, updates, deletes, a key change): decoded and merged in
+    # the CLI's own process, no Spark app, no JVM: bronze copied from S3, silver's files and gold's MERGEs written
+    # by delta-rs on S3 (conditional PUTs of the log entries), `_runs` appended to, gold == PostgreSQL
+    run_sql(pg_db,
+            "INSERT INTO items SELECT g, 'late ' || g, g, 1.50, now() FROM generate_series(300, 340) g",
+            "UPDATE items SET qty = qty * 2 WHERE id BETWEEN 300 AND 310",
+            "DELETE FROM items WHERE id = 2",
+            "INSERT INTO notes SELECT g, repeat('t', 400) || g FROM generate_series(2000, 2005) g",
+            "UPDATE notes SET id = id + 100 WHERE id = 2005")
+    report, log = sync(cfg)
+    assert clirun.launched_apps(log) == [] and "in this process" in log, log[-3000:]
+    assert "1 slice(s) decoded and 1 merged in this process" in log, log[-3000:]
+    assert silver_writer(paths).startswith("delta-rs"), silver_writer(paths)
+    assert_gold(paths, pg_db)
+    end = silver_end(paths)
+    assert end in run_ends(paths), (end, run_ends(paths))
+    for t in TABLES:
+        last = next(delta_log.commits(paths.gold(*t.split("."))))
+        assert last.end_lsn == end, (t, last)
+
+    # 6. recover both tables as of `point` into the bucket, compared with PostgreSQL as it was then
     out = clirun.slotlake(cfg, "recover", SOURCE, "--as-of", str(point), "--table", TABLES[0], "--table", TABLES[1],
                           "--to", f"s3a://{s3_bucket}/out", "--json", timeout=1200)
     assert out.returncode == 0, out.stderr[-4000:]
@@ -211,7 +228,7 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
         name = t.split(".")[1]
         assert_gold_equals_pg(f"s3a://{s3_bucket}/out/public/{name}", pg_db, f"recorded.{name}")
 
-    # 6. every Delta table in the bucket (gold, silver, _catalog, _runs, the recovered ones) through delta-rs and
+    # 7. every Delta table in the bucket (gold, silver, _catalog, _runs, the recovered ones) through delta-rs and
     # Spark (s3a), in a process whose Spark session has the S3 jars
     n, _ = check_bucket(str(cfg), f"s3a://{s3_bucket}")
     assert n >= len(TABLES) * 2 + 3, n
@@ -246,3 +263,15 @@ def test_a_bronze_object_is_never_replaced(s3_server, s3_bucket, tmp_path, monke
     monkeypatch.setattr(job, "IN_DRIVER_BRONZE_BYTES", len(b"first") - 1)
     assert job._staged_bronze(bronze.list_bronze(root), str(tmp_path / "big")) is None
     assert not (tmp_path / "big").exists()
+    # the in-process decode's slice: the longest prefix within its bytes (none here), nothing downloaded past it
+    assert job._staged_bronze(bronze.list_bronze(root), str(tmp_path), max_bytes=len(b"first") - 1,
+                              whole=False) == []
+    # a file copied from S3 streamed to disk; pyarrow reads the lake's files through `storage.arrow_files`
+    files.get_file(placed.path, str(tmp_path / "copy"))
+    assert (tmp_path / "copy").read_bytes() == b"first"
+    with pytest.raises(FileNotFoundError):
+        files.get_file(f"{root}/bronze/nope.parquet", str(tmp_path / "nope"))
+    fs, key = storage.arrow_files(placed.path)
+    assert key == placed.path[len("s3a://"):]
+    with fs.open_input_stream(key) as f:
+        assert f.read() == b"first"

@@ -394,25 +394,30 @@ def _decode_files(spark, paths: LakePaths, source: str, todo: list[BronzeFile], 
     return n, added, warnings, ddl_events
 
 
-def _staged_bronze(files: list[BronzeFile], folder: str) -> list[BronzeFile] | None:
+def _staged_bronze(files: list[BronzeFile], folder: str, max_bytes: int | None = None,
+                   whole: bool = True) -> list[BronzeFile] | None:
     """The bronze `files` of an s3a lake copied into the local `folder` (same names), when they hold at most
-    `IN_DRIVER_BRONZE_BYTES` in all: a small batch is then decoded in the driver from its frame summaries, without a
-    Spark job (on S3 such a job and Spark's writer took 8 of a 1,000-change sync's 28 s: bench/README.md,
-    "bench/s3_sync.py"). None for a bigger batch (Spark reads and writes it) or a local lake."""
+    `max_bytes` (default `IN_DRIVER_BRONZE_BYTES`) in all: a small batch is then decoded in the driver from its
+    frame summaries, without a Spark job (on S3 such a job and Spark's writer took 8 of a 1,000-change sync's 28 s:
+    bench/README.md, "bench/s3_sync.py"). None for a bigger batch (Spark reads and writes it) or a local lake;
+    with `whole` False, the longest prefix of `files` within `max_bytes` instead (`decode_in_process`'s slice)."""
     if not files or not storage.is_s3(files[0].path):
         return None
     store = storage.files_for(files[0].path)
+    limit = IN_DRIVER_BRONZE_BYTES if max_bytes is None else max_bytes
     total = 0
+    taken: list[BronzeFile] = []
     for f in files:  # sizes asked first (and only until past the limit): nothing big is downloaded
         total += store.size(f.path)
-        if total > IN_DRIVER_BRONZE_BYTES:
-            return None
+        if total > limit:
+            if whole:
+                return None
+            break
+        taken.append(f)
     out: list[BronzeFile] = []
-    for f in files:
-        data = store.read_bytes(f.path)
+    for f in taken:
         local = os.path.join(folder, f.name)
-        with open(local, "wb") as fh:
-            fh.write(data)
+        store.get_file(f.path, local)
         out.append(dataclasses.replace(f, path=local))
     return out
 
@@ -443,23 +448,28 @@ def in_process_slice(files: list[BronzeFile], max_bytes: int,
 
 
 def first_slice_fits(paths: LakePaths, max_bytes: int) -> bool:
-    """Whether the first bronze file past silver's decode watermark of a local lake holds at most `max_bytes` and
-    `SLICE_MAX_ROWS` rows (the first slice `decode_in_process` may take); True when no file is pending."""
+    """Whether the first bronze file past silver's decode watermark holds at most `max_bytes` and `SLICE_MAX_ROWS`
+    rows (the first slice `decode_in_process` may take; on an s3a lake its size alone, asked with a HEAD); True
+    when no file is pending."""
     end = delta_log.stage_end(paths.changes, STAGE_DECODE) if delta_log.is_delta_table(paths.changes) else None
     todo = pending_files(list_bronze(paths.root), end)
+    if todo and storage.is_s3(todo[0].path):
+        return storage.files_for(todo[0].path).size(todo[0].path) <= max_bytes
     return not todo or bool(in_process_slice(todo[:1], max_bytes))
 
 
 def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult | None:
     """`run_decode` of one slice without Spark, in the caller's process (`slotlake sync`): the longest run of bronze
     files past silver's watermark of at most `max_bytes` and `SLICE_MAX_ROWS` rows (`in_process_slice`; the caller
-    decodes a bigger backlog slice by slice, merging each), on a local lake whose catalog the slice does not change
-    (no new table definition, no DDL event, no bootstrap read). Their changes are written as `_write_silver_directly`
-    writes them in the driver, one silver commit per slice. None, nothing written, when nothing is pending or for
-    any other slice: the Spark decode does it."""
+    decodes a bigger backlog slice by slice, merging each), when the slice does not change the catalog (no new
+    table definition, no DDL event, no bootstrap read). Their changes are written as `_write_silver_directly` writes
+    them in the driver, one silver commit per slice; on an s3a lake from local copies of the slice's bronze files
+    (`_staged_bronze`). None, nothing written, when nothing is pending or for any other slice: the Spark decode
+    does it."""
     cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
-    if not silver_write.writes_directly(paths.changes) or not delta_log.readable(paths.changes) \
+    s3 = storage.is_s3(paths.root)
+    if not (s3 or silver_write.writes_directly(paths.changes)) or not delta_log.readable(paths.changes) \
             or not delta_log.has_commits(paths.catalog):
         return None
     watermark = None
@@ -468,7 +478,16 @@ def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult 
         if watermark is None:
             return None  # a silver table without a decode commit: `decode_watermark` asks Spark's history
     pending = pending_files(list_bronze(paths.root), watermark)
-    todo = in_process_slice(pending, max_bytes)
+    if not s3:
+        return _decode_slice_here(paths, source, pending, in_process_slice(pending, max_bytes), max_bytes)
+    with tempfile.TemporaryDirectory(prefix="slotlake-decode-") as stage:
+        local = _staged_bronze(pending, stage, max_bytes, whole=False) or []
+        return _decode_slice_here(paths, source, pending, in_process_slice(local, max_bytes), max_bytes)
+
+
+def _decode_slice_here(paths: LakePaths, source: str, pending: list[BronzeFile], todo: list[BronzeFile],
+                       max_bytes: int) -> DecodeResult | None:
+    """`decode_in_process`'s decode of the local bronze files `todo` (the slice of `pending` it takes)."""
     if not todo:
         if pending:
             _declined(source, f"bronze file {pending[0].name} alone holds more than {max_bytes:,} bytes or "

@@ -6,8 +6,10 @@ as `merge/job.py` would write it, and declines every other before writing anythi
 returns None and the caller runs the Spark merge, which picks up from each table's watermark (a table merged here
 is up to date for it).
 
-Merged here, per table with changes: a gold table that exists and that delta-rs writes (a local lake, no column
-mapping, no deletion vectors, no copy snapshot to filter by), whose columns are what the batch's one column layout
+Merged here, per table with changes: a gold table that exists and that delta-rs writes (a local or s3a lake: on S3
+the silver and gold files are read with pyarrow's S3 file system, `storage.arrow_files`, and every commit is a
+conditional PUT of its log entry, `storage.delta_rs_options`; no column mapping, no deletion vectors, no copy
+snapshot to filter by), whose columns are what the batch's one column layout
 plans (no schema change, no DDL event since its watermark), with hard deletes, no history table, column types
 `arrow_values` reads exactly, and one of:
 
@@ -40,6 +42,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from functools import partial
 from typing import Any
+from urllib.parse import unquote
 
 from slotlake import contracts, delta_log, failpoints, storage
 from slotlake.config import Config, SourceConfig
@@ -84,9 +87,10 @@ def open_dataset(path: str, version: int | None = None):
     Declined for a table delta-rs does not read as Spark wrote it (column mapping, deletion vectors). delta-rs's
     own errors propagate."""
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
 
-    table = DeltaTable(str(storage.local_path(path)), version=version)
+    from slotlake.merge.watermarks import delta_rs_table
+
+    table = delta_rs_table(path, version)
     props = table.metadata().configuration or {}
     if props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true" \
             or "deletionVectors" in (table.protocol().reader_features or []):
@@ -120,8 +124,8 @@ def merge_in_process(cfg: Config, source: str):
     src = cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
     try:
-        if storage.is_s3(paths.root) or not delta_log.readable(paths.changes):
-            raise Declined("not a local lake")
+        if not delta_log.readable(paths.changes):
+            raise Declined("a lake delta-rs does not read here")
         end = delta_log.stage_end(paths.changes, STAGE_DECODE)
         if end is None:
             raise Declined("silver has no decode commit")
@@ -228,7 +232,8 @@ def _create_runs(path: str) -> None:
     from deltalake import write_deltalake
 
     schema = contracts.arrow_schema(contracts.RUNS)
-    write_deltalake(path, pa.Table.from_pylist([], schema=schema), mode="append")
+    uri, options = storage.delta_rs_table_args(path)
+    write_deltalake(uri, pa.Table.from_pylist([], schema=schema), mode="append", storage_options=options or None)
 
 
 def _table_names(src: SourceConfig, files: Sequence[SilverFileStats], since: Lsn | None, end: Lsn, runs_path: str,
@@ -308,7 +313,7 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
         raise Declined("soft deletes")
     _check_gold_schema(gold, plan)
     if batch is None:
-        batch = _read_batch(_local_silver(changes_path, files, name, after, int(end)), name, after, int(end))
+        batch = _read_batch(_silver_files(changes_path, files, name, after, int(end)), name, after, int(end))
     t.plan = plan
     if t.truncate:  # changes before the last TRUNCATE are void: gold becomes what the later ones leave
         _prepare_truncated(t, plan, batch)
@@ -360,27 +365,27 @@ def _prepare_truncated(t: _Table, plan: TablePlan, batch) -> None:
 
 
 def _check_gold_schema(gold: str, plan: TablePlan) -> None:
-    from deltalake import DeltaTable
+    from slotlake.merge.watermarks import delta_rs_table
 
     want = [(f.name, delta_type(f.type)) for f in plan.gold_schema]
     if any(tp is None for _, tp in want) or not all(_PLAIN_NAME.match(n) for n, _ in want):
         raise Declined(f"{plan.shape.qualified}: a column type or name this merge does not handle")
-    have = [(f.name, getattr(f.type, "type", None)) for f in DeltaTable(gold).schema().fields]
+    have = [(f.name, getattr(f.type, "type", None)) for f in delta_rs_table(gold).schema().fields]
     if have != want:
         raise Declined(f"{plan.shape.qualified}: gold's columns are not the batch's")
 
 
-def _local_silver(changes_path: str, files: Sequence[SilverFileStats], name: TableName, after: int | None,
-                  upto: int) -> list[str]:
-    """The local paths of the silver files that may hold the table's changes in (after, upto]; Declined when the
-    lake is not local."""
-    from slotlake.merge.watermarks import local_files
+def _silver_files(changes_path: str, files: Sequence[SilverFileStats], name: TableName, after: int | None,
+                  upto: int) -> tuple[Any, list[str]]:
+    """(pyarrow file system, paths) of the silver files that may hold the table's changes in (after, upto]
+    (`watermarks.table_files`); Declined when there are none or they cannot be read here."""
+    from slotlake.merge.watermarks import table_files
 
     chosen = files_to_read(files, name, after, upto)
-    local = local_files(changes_path, chosen) if chosen else None
-    if not local:
-        raise Declined(f"{name}'s silver files are not local")
-    return local
+    found = table_files(changes_path, chosen) if chosen else None
+    if not found or not found[1]:
+        raise Declined(f"{name}'s silver files cannot be read here")
+    return found
 
 
 def _counted_batch(changes_path: str, files: Sequence[SilverFileStats], name: TableName, after: int | None,
@@ -394,10 +399,10 @@ def _counted_batch(changes_path: str, files: Sequence[SilverFileStats], name: Ta
 
     from slotlake.decode.layouts import SHAPE_FIELDS, LayoutScan
 
-    local = _local_silver(changes_path, files, name, after, upto)
-    if sum(pq.read_metadata(p).num_rows for p in local) > 2 * budget:
+    fs, where = _silver_files(changes_path, files, name, after, upto)
+    if sum(pq.read_metadata(p, filesystem=fs).num_rows for p in where) > 2 * budget:
         raise Declined(f"more than {MAX_CHANGES:,} changes to merge")
-    batch = _read_batch(local, name, after, upto, extra=SHAPE_FIELDS)
+    batch = _read_batch((fs, where), name, after, upto, extra=SHAPE_FIELDS)
     if batch.num_rows > budget:
         raise Declined(f"more than {MAX_CHANGES:,} changes to merge")
     scan = LayoutScan()
@@ -408,9 +413,10 @@ def _counted_batch(changes_path: str, files: Sequence[SilverFileStats], name: Ta
     return batch.drop_columns([c for c in SHAPE_FIELDS if c in batch.column_names]), list(summary.groups)
 
 
-def _read_batch(files: Sequence[str], name: TableName, after: int | None, upto: int, extra: Sequence[str] = ()):
-    """The table's silver rows in (after, upto], TRUNCATE rows included, ordered by (commit_lsn, seq); `extra`:
-    more silver columns to read."""
+def _read_batch(files: tuple[Any, Sequence[str]], name: TableName, after: int | None, upto: int,
+                extra: Sequence[str] = ()):
+    """The table's silver rows in (after, upto] from `files` (pyarrow file system, paths), TRUNCATE rows included,
+    ordered by (commit_lsn, seq); `extra`: more silver columns to read."""
     import pyarrow.dataset as ds
 
     cond = ((ds.field("schema_name") == name.schema) & (ds.field("table_name") == name.name)
@@ -418,7 +424,7 @@ def _read_batch(files: Sequence[str], name: TableName, after: int | None, upto: 
     if after is not None:
         cond = cond & (ds.field("commit_end_lsn") > after)
     cols = ["commit_lsn", "seq", "commit_ts", "op", "old", "new", "unchanged", *extra]
-    table = ds.dataset(list(files), format="parquet").to_table(columns=cols, filter=cond)
+    table = ds.dataset(list(files[1]), format="parquet", filesystem=files[0]).to_table(columns=cols, filter=cond)
     return table.sort_by([("commit_lsn", "ascending"), ("seq", "ascending")])
 
 
@@ -704,10 +710,10 @@ def _gold_rows_like(gold: str, plan: TablePlan, rows):
     if sum(n for _, n in files) > MAX_GOLD_ROWS_CHECKED:
         raise Declined(f"{plan.shape.qualified}: more than {MAX_GOLD_ROWS_CHECKED:,} gold rows to compare the batch's "
                        "rows with")
-    folder = storage.local_path(gold)
+    fs, folder = storage.arrow_files(gold)
     parts = [pa.table([pa.array([], tp) for tp in types], names=cols)]
     for path, _ in files:  # gold has no column mapping here: Parquet names are gold's; Spark's INT96 time stamps
-        f = pq.read_table(folder / path, coerce_int96_timestamp_unit="us")
+        f = pq.read_table(f"{folder.rstrip('/')}/{unquote(path)}", filesystem=fs, coerce_int96_timestamp_unit="us")
         parts.append(pa.table([f.column(c).cast(tp) if c in f.column_names else pa.nulls(f.num_rows, tp)
                                for c, tp in zip(cols, types)], names=cols))  # a column added since: NULL there
     return pa.concat_tables(parts)
@@ -777,11 +783,12 @@ def _files_that_may_hold(gold: str, plan: TablePlan, rows) -> list[tuple[str, in
     (all files when there is no such column)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
+
+    from slotlake.merge.watermarks import delta_rs_table
 
     if not rows.num_rows:
         return []
-    actions = pa.table(DeltaTable(gold).get_add_actions(flatten=True))
+    actions = pa.table(delta_rs_table(gold).get_add_actions(flatten=True))
     if not actions.num_rows:
         return []
 
@@ -825,12 +832,14 @@ def _files_that_may_hold(gold: str, plan: TablePlan, rows) -> list[tuple[str, in
 def _commit(src: SourceConfig, t: _Table, end: Lsn) -> tuple[int, dict[str, int]]:
     """The table's one commit (a MERGE, or an append), idempotent per (table, run end); its version and metrics."""
     import pyarrow as pa
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
     from deltalake.transaction import CommitProperties, Transaction
+
+    from slotlake.merge.watermarks import delta_rs_table
 
     assert t.truncate or (t.plan is not None and t.source is not None)
     app_id = merge_app_id(src.name, t.name.schema, t.name.name)
-    table = DeltaTable(t.gold)
+    table = delta_rs_table(t.gold)
     done = table.transaction_version(app_id)
     if done is None or done < int(end):
         props = CommitProperties(custom_metadata={"userMetadata": stage_metadata(end, "merge")},

@@ -33,7 +33,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from slotlake import contracts, delta_log, failpoints, storage
+from slotlake import contracts, delta_log, failpoints
 from slotlake.catalog import CatalogVersion
 from slotlake.config import Config, SourceConfig
 from slotlake.contracts import STAGE_RUNS as RUNS_STAGE
@@ -80,6 +80,7 @@ from slotlake.merge.typed_values import always_exact
 from slotlake.merge.typing_job import ensure_quarantine, ensure_table, has_bad_value, quarantine_bad_values
 from slotlake.merge.visibility_job import not_seen_by_copy
 from slotlake.merge.watermarks import (
+    delta_rs_table,
     delta_state,
     local_files,
     runs_tables_at,
@@ -250,7 +251,7 @@ def record_runs(spark: SparkSession, runs_path: str, runs: Sequence[tuple], end:
     their changes are in the gold commits).
 
     The rows `_runs` already holds for `end` are read with delta-rs (`runs_tables_at`), and the others are one
-    append (with delta-rs on a local lake, `_append_runs_directly`): no MERGE (its planning and jobs were ~1.4 s
+    append (with delta-rs, `_append_runs_directly`): no MERGE (its planning and jobs were ~1.4 s
     of every run's end, bench/README.md). When every row is there and only the complete run's mark is missing (a
     run over chosen tables that were all of them), an append of nothing or a MERGE that inserts nothing would
     commit nothing, so the mark rides a table-property commit (`slotlake.runs.completeEnd`). When delta-rs cannot
@@ -288,20 +289,20 @@ def record_runs(spark: SparkSession, runs_path: str, runs: Sequence[tuple], end:
 
 
 def _append_runs_directly(runs_path: str, rows: Sequence[tuple], end: Lsn, user_metadata: str | None) -> bool:
-    """Append `rows` to a local `_runs` with delta-rs, with `user_metadata` as the commit's userMetadata (a Spark
-    append's Python rows cost a job and a Python worker's start at the end of every run: bench/README.md, "Small
-    batches decode in the driver"). False, nothing written, when delta-rs cannot: an s3a lake (Spark's writer and
-    credentials), a table with other columns than `RUNS_SCHEMA`, a protocol delta-rs does not write; the caller
-    appends with Spark."""
-    if storage.is_s3(runs_path) or not delta_log.readable(runs_path):
+    """Append `rows` to `_runs` with delta-rs, with `user_metadata` as the commit's userMetadata (a Spark append's
+    Python rows cost a job and a Python worker's start at the end of every run: bench/README.md, "Small batches
+    decode in the driver"); on an s3a lake its log entry is a conditional PUT (`storage.delta_rs_options`). False,
+    nothing written, when delta-rs cannot: a lake it does not read here, a table with other columns than
+    `RUNS_SCHEMA`, a protocol delta-rs does not write; the caller appends with Spark."""
+    if not delta_log.readable(runs_path):
         return False
     import pyarrow as pa
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
     from deltalake.transaction import CommitProperties
 
     schema = contracts.arrow_schema(RUNS_SCHEMA)
     try:
-        table = DeltaTable(runs_path)
+        table = delta_rs_table(runs_path)
         if [f.name for f in table.schema().fields] != schema.names:
             return False
         data = pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema=schema)

@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from pyspark.sql import SparkSession
@@ -86,6 +86,15 @@ def _local_delta_state(path: str) -> DeltaState | None:
 def delta_watermark(spark: SparkSession, path: str) -> Lsn | None:
     """The end LSN recorded by the newest slotlake commit of the Delta table at `path` (None: none/no table)."""
     return delta_state(spark, path).watermark
+
+
+def delta_rs_table(path: str, version: int | None = None) -> Any:
+    """The lake table at `path` opened with delta-rs (`deltalake.DeltaTable`, as of `version`, else its latest), on
+    a local lake or an s3a one (`storage.delta_rs_table_args`)."""
+    from deltalake import DeltaTable
+
+    uri, options = storage.delta_rs_table_args(path)
+    return DeltaTable(uri, version=version, storage_options=options or None)
 
 
 def silver_file_stats(path: str) -> tuple[SilverFileStats, ...] | None:
@@ -176,19 +185,29 @@ def local_files(table_path: str, files: Sequence[str]) -> list[str] | None:
     return [os.path.join(root, unquote(rel)) for rel in files]
 
 
+def table_files(table_path: str, files: Sequence[str]) -> tuple[Any, list[str]] | None:
+    """(pyarrow file system, paths on it) of a Delta table's `files` (relative and URL-encoded, as its log names
+    them), on a local lake (file system None) or an s3a one (`storage.arrow_files`); None when the table is on
+    neither."""
+    if not delta_log.readable(table_path):
+        return None
+    fs, root = storage.arrow_files(table_path)
+    return fs, [f"{root.rstrip('/')}/{unquote(rel)}" for rel in files]
+
+
 def silver_layouts(changes_path: str, files: Sequence[str]) -> list[LayoutGroup] | None:
-    """The layout summaries (decode/layouts.py) in the footers of silver's `files` (paths relative to the table
-    on a local lake), added up per layout; None when one has none or cannot be read, or the lake is not local
-    (the caller runs its Spark pass)."""
+    """The layout summaries (decode/layouts.py) in the footers of silver's `files` (paths relative to the table),
+    added up per layout; None when one has none or cannot be read (the caller runs its Spark pass)."""
     import pyarrow.parquet as pq
 
-    local = local_files(changes_path, files)
-    if local is None:
+    found = table_files(changes_path, files)
+    if found is None:
         return None
+    fs, where = found
     groups: list[LayoutGroup] = []
     try:
-        for path in local:
-            summary = read_layout_summary(pq.read_metadata(path).metadata)
+        for path in where:
+            summary = read_layout_summary(pq.read_metadata(path, filesystem=fs).metadata)
             if summary is None:
                 return None
             groups.extend(summary.groups)
