@@ -42,6 +42,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow,
 
 SOURCE = "shop"
 TABLES = ["public.items", "public.notes"]
+FULL = "public.events"  # REPLICA IDENTITY FULL, duplicate rows: changed only in phase 5 (gold read on S3 there)
 
 
 def write_config(path: Path, s3_server, bucket: str, dsn: str, server: str | None = None) -> Path:
@@ -49,7 +50,7 @@ def write_config(path: Path, s3_server, bucket: str, dsn: str, server: str | Non
     path.write_text(f"lake: s3a://{bucket}/slotlake\n{s3_server.storage_yaml()}"
                     f"spark: {spark}\n"
                     "extract: {upto_nchanges: 30}\n"  # a few bronze objects per run
-                    f"sources:\n  {SOURCE}:\n    dsn: {dsn}\n    tables: [{', '.join(TABLES)}]\n")
+                    f"sources:\n  {SOURCE}:\n    dsn: {dsn}\n    tables: [{', '.join([*TABLES, FULL])}]\n")
     return path
 
 
@@ -118,7 +119,9 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
             "CREATE TABLE notes (id bigint PRIMARY KEY, body text)",
             "INSERT INTO items SELECT g, 'item ' || g, g % 7, g * 1.25, '2024-01-01'::timestamptz + g * interval '1h' "
             "FROM generate_series(1, 200) g",
-            "INSERT INTO notes SELECT g, repeat('n', g) FROM generate_series(1, 50) g")
+            "INSERT INTO notes SELECT g, repeat('n', g) FROM generate_series(1, 50) g",
+            "CREATE TABLE events (kind text, n int)", "ALTER TABLE events REPLICA IDENTITY FULL",
+            "INSERT INTO events SELECT 'k' || (g % 4), g % 3 FROM generate_series(1, 24) g")
 
     # 1. the first sync: publication, slot, the initial copy (parts and records on S3), loaded into gold
     report, log = sync(cfg)
@@ -129,7 +132,7 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     assert any(k.startswith("slotlake/shop/bronze/snapshot/_generations/") for k in keys)
     assert any(k.startswith("slotlake/shop/bronze/catalog/") for k in keys)  # the bootstrap catalog read
     assert not any("/." in k or k.endswith(".tmp") for k in keys if "/bronze/" in k)  # nothing half-written
-    assert {m["table"] for m in report["merged"]} == set(TABLES), report["merged"]  # counts from the S3 logs
+    assert {m["table"] for m in report["merged"]} == {*TABLES, FULL}, report["merged"]  # counts from the S3 logs
 
     # 2. inserts, updates, deletes; the first sync dies right after placing a bronze object (one PUT), before the
     # slot moved: the next sync archives nothing twice
@@ -200,10 +203,15 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     assert clirun.launched_apps(log) == []  # run_spark_app was never called: no spark-submit, no JVM
     assert delta_log.readable(paths.root) and delta_log.latest_slotlake_commit(paths.changes, "decode")
 
-    # 5. a small batch (inserts, updates, deletes, a key change): decoded and merged in
+    # 5. a small batch (inserts, updates, deletes, a key change; in the FULL-identity table a copy of a duplicated row
+    # deleted, one updated, one more inserted: its MERGE counts gold's copies, read from S3): decoded and merged in
     # the CLI's own process, no Spark app, no JVM: bronze copied from S3, silver's files and gold's MERGEs written
     # by delta-rs on S3 (conditional PUTs of the log entries), `_runs` appended to, gold == PostgreSQL
+    assert_gold_equals_pg(paths.gold("public", "events"), pg_db, FULL)
     run_sql(pg_db,
+            "DELETE FROM events WHERE ctid = (SELECT min(ctid) FROM events WHERE kind = 'k1' AND n = 1)",
+            "UPDATE events SET n = 7 WHERE ctid = (SELECT min(ctid) FROM events WHERE kind = 'k2' AND n = 2)",
+            "INSERT INTO events VALUES ('k3', 0), ('k0', NULL)",
             "INSERT INTO items SELECT g, 'late ' || g, g, 1.50, now() FROM generate_series(300, 340) g",
             "UPDATE items SET qty = qty * 2 WHERE id BETWEEN 300 AND 310",
             "DELETE FROM items WHERE id = 2",
@@ -214,9 +222,10 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     assert "1 slice(s) decoded and 1 merged in this process" in log, log[-3000:]
     assert silver_writer(paths).startswith("delta-rs"), silver_writer(paths)
     assert_gold(paths, pg_db)
+    assert_gold_equals_pg(paths.gold("public", "events"), pg_db, FULL)
     end = silver_end(paths)
     assert end in run_ends(paths), (end, run_ends(paths))
-    for t in TABLES:
+    for t in [*TABLES, FULL]:
         last = next(delta_log.commits(paths.gold(*t.split("."))))
         assert last.end_lsn == end, (t, last)
 
