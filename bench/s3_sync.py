@@ -16,10 +16,11 @@ with its own slot, publication, config and lake:
   runs reuse where Spark is needed; stopped at the end).
 Each is synced once (slot + initial copy, timed, not counted); then, `--repeat` times: `--transactions` (250)
 tpcb-like pgbench transactions (4 row changes each over the 4 tables, into every slot), a sync of each, an idle sync
-of each. Every
+of each. Then the last round's range is replayed in place (`slotlake replay SRC --from A --to B`, as the replay
+DAG backfills an interval), timed the same way. Every
 sync is a whole `slotlake sync` process timed from outside; reported as the median and every run, with the
-sync's own report line of the last run. At the end every gold table is compared with PostgreSQL row by row
-(delta-rs, through the endpoint for the s3a lakes).
+sync's own report line of the last run. At the end (after the replays) every gold table is compared with
+PostgreSQL row by row (delta-rs, through the endpoint for the s3a lakes).
 """
 from __future__ import annotations
 
@@ -61,6 +62,14 @@ def config_of(tmp: Path, dsn: str, source: str, moto: MotoServer) -> Path:
                         server="auto" if source == "s3auto" else None)
 
 
+def silver_end(cfg: Path, source: str) -> str:
+    """The source's silver decode watermark (its lake's Delta log, read without Spark)."""
+    from slotlake import delta_log
+
+    c = load_config(str(cfg))  # an s3a lake's endpoint (storage.configure)
+    return str(delta_log.stage_end(LakePaths.of(c.lake, source).changes, "decode"))
+
+
 def timed_sync(cfg: Path, source: str) -> tuple[float, str]:
     """One `slotlake sync` process: its wall time and its report line."""
     t = time.perf_counter()
@@ -84,6 +93,8 @@ def main() -> None:
     os.environ.update(TEST_CREDENTIALS)  # moto accepts any; the CLI and Spark processes inherit them
     runs: dict[str, dict[str, list[float]]] = {v: {"idle": [], batch: []} for v in VARIANTS}
     last: dict[str, str] = {}
+    replays: dict[str, float] = {}
+    how: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="slotlake-bench-s3-") as tmp, LocalPostgres() as pg, \
             contextlib.ExitStack() as stack:
         os.environ["SLOTLAKE_STATE_DIR"] = str(Path(tmp) / "state")  # the auto server's pid, address and log
@@ -101,6 +112,8 @@ def main() -> None:
             print(f"{v}: first sync (slot + initial copy) {secs:.1f}s", flush=True)
         for i in range(args.repeat):
             pgbench(pg, "-n", "-c", "1", "-t", str(args.transactions))
+            if i == args.repeat - 1:
+                before = {v: silver_end(cfg, v) for v, cfg in cfgs.items()}
             for v, cfg in cfgs.items():
                 secs, last[v] = timed_sync(cfg, v)
                 runs[v][batch].append(secs)
@@ -108,6 +121,16 @@ def main() -> None:
                 runs[v]["idle"].append(timed_sync(cfg, v)[0])
             print(f"round {i + 1}: " + ", ".join(f"{v} {runs[v][batch][-1]:.1f}s / idle "
                                                  f"{runs[v]['idle'][-1]:.1f}s" for v in VARIANTS), flush=True)
+        # the last round's range replayed in place (the replay DAG's backfill of an interval), each variant its way
+        for v, cfg in cfgs.items():
+            frm, to = before[v], silver_end(cfg, v)
+            t = time.perf_counter()
+            out = subprocess.run([str(ROOT / ".venv" / "bin" / "slotlake"), "--config", str(cfg), "replay", v,
+                                  "--from", frm, "--to", to], capture_output=True, text=True, check=False)
+            replays[v] = time.perf_counter() - t
+            if out.returncode != 0:
+                raise SystemExit(f"replay {v} failed:\n{out.stderr[-3000:]}")
+            how[v] = "in process" if "(in this process, " in out.stderr else "Spark app"
         for v, cfg in cfgs.items():
             c = load_config(str(cfg))  # an s3a lake's endpoint for delta-rs (storage.configure)
             paths = LakePaths.of(c.lake, v)
@@ -123,6 +146,9 @@ def main() -> None:
               f" ({4 * args.transactions / statistics.median(small):,.0f} changes/s)")
     for v in VARIANTS:
         print(f"last sync of {batch} of {v}: {last.get(v)}")
+    for v in VARIANTS:
+        print(f"in-place replay of the last round's {batch} of {v}: {replays[v]:.1f}s ({how[v]}; "
+              f"{4 * args.transactions / replays[v]:,.0f} changes/s)")
     end = os.getloadavg()
     print(f"load average (1/5/15 min): start {'/'.join(f'{x:.1f}' for x in load_start)}, "
           f"end {'/'.join(f'{x:.1f}' for x in end)} on {os.cpu_count()} CPUs")

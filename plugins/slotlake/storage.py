@@ -215,6 +215,10 @@ class Files(Protocol):
         """Delete `path` (nothing when it does not exist)."""
         ...
 
+    def remove_tree(self, folder: str) -> None:
+        """Delete `folder` and everything under it (nothing when it does not exist)."""
+        ...
+
 
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
@@ -295,6 +299,9 @@ class LocalFiles:
 
     def remove(self, path: str) -> None:
         local_path(path).unlink(missing_ok=True)
+
+    def remove_tree(self, folder: str) -> None:
+        shutil.rmtree(local_path(folder), ignore_errors=True)
 
 
 def credentials() -> dict[str, str]:
@@ -422,6 +429,15 @@ class S3Files:
     def remove(self, path: str) -> None:
         bucket, key = split_s3(path)
         self._s3.delete_object(Bucket=bucket, Key=key)
+
+    def remove_tree(self, folder: str) -> None:
+        bucket, key = split_s3(folder)
+        if not key:
+            raise ValueError(f"refusing to remove a whole bucket: {folder}")
+        for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{key}/"):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", ())]
+            if keys:  # at most 1,000 a page, as DeleteObjects takes them
+                self._s3.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
 
 
 _LOCAL = LocalFiles()

@@ -208,6 +208,7 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     # the CLI's own process, no Spark app, no JVM: bronze copied from S3, silver's files and gold's MERGEs written
     # by delta-rs on S3 (conditional PUTs of the log entries), `_runs` appended to, gold == PostgreSQL
     assert_gold_equals_pg(paths.gold("public", "events"), pg_db, FULL)
+    before = silver_end(paths)
     run_sql(pg_db,
             "DELETE FROM events WHERE ctid = (SELECT min(ctid) FROM events WHERE kind = 'k1' AND n = 1)",
             "UPDATE events SET n = 7 WHERE ctid = (SELECT min(ctid) FROM events WHERE kind = 'k2' AND n = 2)",
@@ -228,6 +229,26 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     for t in [*TABLES, FULL]:
         last = next(delta_log.commits(paths.gold(*t.split("."))))
         assert last.end_lsn == end, (t, last)
+    # ...and replayed in the CLI's process too: into new tables in the bucket (`--dest`), then in place (silver's
+    # files of the range re-derived and replaced on S3, each gold table rewritten in one commit): no Spark app,
+    # both equal to PostgreSQL (nothing changed since), the scratch tables in a local folder (none in the bucket)
+    out = clirun.slotlake(cfg, "replay", SOURCE, "--from", before, "--to", end, "--dest",
+                          f"s3a://{s3_bucket}/replayed")
+    assert out.returncode == 0 and clirun.launched_apps(out.stderr) == [] and "(in this process, " in out.stderr, \
+        out.stderr[-3000:]
+    for t in [*TABLES, FULL]:
+        assert_gold_equals_pg(f"s3a://{s3_bucket}/replayed/{t.replace('.', '/')}", pg_db, t)
+    versions = {t: next(delta_log.commits(paths.gold(*t.split(".")))).version for t in [*TABLES, FULL]}
+    out = clirun.slotlake(cfg, "replay", SOURCE, "--from", before, "--to", end)
+    assert out.returncode == 0 and clirun.launched_apps(out.stderr) == [] and "(in this process, " in out.stderr, \
+        out.stderr[-3000:]
+    assert_gold(paths, pg_db)
+    assert_gold_equals_pg(paths.gold("public", "events"), pg_db, FULL)
+    for t in [*TABLES, FULL]:
+        last = next(delta_log.commits(paths.gold(*t.split("."))))
+        assert last.version == versions[t] + 1 and "replay" in (last.slotlake or {}), (t, last)
+    assert silver_end(paths) == end
+    assert not [k for k in s3_server.keys(s3_bucket, "slotlake/shop/") if "/_replay/" in k]
 
     # 6. recover both tables as of `point` into the bucket, compared with PostgreSQL as it was then
     out = clirun.slotlake(cfg, "recover", SOURCE, "--as-of", str(point), "--table", TABLES[0], "--table", TABLES[1],

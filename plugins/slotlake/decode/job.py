@@ -530,14 +530,7 @@ def _write_silver_directly(spark, files: list[BronzeFile], summary: BronzeSummar
     idempotent-write transaction and userMetadata as Spark's writer. On an s3a lake the files are decoded here,
     written into a local folder and each placed under silver's folder on S3 (a conditional PUT) before that commit
     (conditional PUTs of the log, `storage.delta_rs_options`). Returns the rows added."""
-    if storage.is_s3(changes_path):  # written into a local folder, then each placed under the table's
-        with tempfile.TemporaryDirectory(prefix="slotlake-silver-") as stage:
-            written = _write_files(spark, files, summary, held, changes_path, in_driver=True, folder=stage)
-            store = storage.files_for(changes_path)
-            for f in written:
-                store.put_new_file(storage.join(changes_path, f["path"]), os.path.join(stage, f["path"]))
-    else:
-        written = _write_files(spark, files, summary, held, changes_path, in_driver=in_driver)
+    written = place_files(spark, files, summary, held, changes_path, in_driver=in_driver)
     if not silver_write.commit(changes_path, written, app_id=app_id(source), version=end.value,
                                user_metadata=CommitMeta(STAGE_DECODE, end).json(),
                                properties=contracts.SILVER_PROPERTIES):
@@ -545,6 +538,22 @@ def _write_silver_directly(spark, files: list[BronzeFile], summary: BronzeSummar
                  source, end)
         return _rows_written(spark, changes_path, end)
     return sum(int(f["rows"]) for f in written)
+
+
+def place_files(spark, files: list[BronzeFile], summary: BronzeSummary, held: int, changes_path: str,
+                window: tuple[int | None, int] | None = None, in_driver: bool | None = None) -> list[dict]:
+    """`_write_files` into the folder of the silver-shaped table `changes_path`, not committed: on a local lake
+    directly; on an s3a lake decoded here into a local temporary folder, each file then placed under the table's
+    folder with a conditional PUT. Their descriptions (for `silver_write.commit` / `replace_files`)."""
+    if not storage.is_s3(changes_path):
+        return _write_files(spark, files, summary, held, changes_path, window=window, in_driver=in_driver)
+    with tempfile.TemporaryDirectory(prefix="slotlake-silver-") as stage:
+        written = _write_files(spark, files, summary, held, changes_path, window=window, in_driver=True,
+                               folder=stage)
+        store = storage.files_for(changes_path)
+        for f in written:
+            store.put_new_file(storage.join(changes_path, f["path"]), os.path.join(stage, f["path"]))
+    return written
 
 
 def _write_files(spark, files: list[BronzeFile], summary: BronzeSummary, held: int, changes_path: str,

@@ -243,7 +243,8 @@ def replace_files(changes_path: str, files: Sequence[Mapping[str, Any]], removed
     adds, props = _adds_and_props(files, user_metadata, removed=len(removed))
     now = int(time.time() * 1000)
     actions: list[AddAction | RemoveAction] = [*adds, *(RemoveAction(path, True, now) for path in removed)]
-    table = DeltaTable(changes_path)
+    uri, options = storage.delta_rs_table_args(changes_path)
+    table = DeltaTable(uri, storage_options=options or None)
     table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=props)
 
 

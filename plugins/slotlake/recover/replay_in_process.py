@@ -12,9 +12,11 @@
               userMetadata end_lsn = silver's end, "replay": {...})
 
 The Spark replay ran 35,677 changes/s where the sync runs 150-176k/s in process (bench/README.md): a backfill of a
-day paid the JVM start and Spark's MERGE for every interval. A replay declines (returns None; a `--dest` replay
+day paid the JVM start and Spark's MERGE for every interval. On an s3a lake the same, from local copies of each
+slice's bronze files, with the scratch tables in a local temporary folder and every write to the lake a delta-rs
+commit with a conditional PUT (as the sync's in-process stages). A replay declines (returns None; a `--dest` replay
 removes the tables it wrote; the caller runs the Spark app, which does the whole replay again) wherever the sync's
-in-process stages would: an object-store lake, a bronze file over a slice, a file without the extract's frame
+in-process stages would: a bronze file over a slice, a file without the extract's frame
 summary, a DDL event or several column layouts in a table's window, a batch only Spark merges exactly
 (`merge.in_process`), a gold table with column mapping or deletion vectors; and for a table without a recorded
 state at X (Spark creates it), or in place a silver file without commit LSN statistics. An in-place replay that
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -63,8 +65,8 @@ def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
     source = req.source
     src = cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
-    if not cfg.spark.in_process_bytes or storage.is_s3(paths.root) or (req.dest and storage.is_s3(req.dest)) \
-            or not delta_log.readable(paths.changes) or not delta_log.is_delta_table(paths.changes):
+    if not cfg.spark.in_process_bytes or not delta_log.readable(paths.changes) \
+            or not delta_log.is_delta_table(paths.changes):
         return None
     silver_end = delta_log.stage_end(paths.changes, STAGE_DECODE)
     if silver_end is None:
@@ -87,7 +89,9 @@ def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
     after = min(b[0] for b in bases.values())
     known = set(bases) if not req.tables and not src.tables else None  # every table: others must have no change
     tables = [TableName(*n) for n in sorted(bases)]
-    scratch = paths.scratch("replay")
+    # An s3a lake's scratch tables (the re-decoded changes, in place the rebuilt tables) live in a local temporary
+    # folder: written and read only by this process, never by Spark.
+    scratch = tempfile.mkdtemp(prefix="slotlake-replay-") if storage.is_s3(paths.root) else paths.scratch("replay")
     dest = req.dest
     targets = {n: table_dir(dest if dest is not None else f"{scratch}/gold", *n) for n in bases}
     try:
@@ -104,10 +108,10 @@ def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
         log.info("replay %s in this process declined (%s): Spark replays", source, why)
         if dest is not None:
             for target in targets.values():
-                shutil.rmtree(storage.local_path(target), ignore_errors=True)
+                storage.files_for(target).remove_tree(target)
         return None
     finally:
-        shutil.rmtree(storage.local_path(scratch), ignore_errors=True)
+        storage.files_for(scratch).remove_tree(scratch)
     written = {n: targets[n] if dest is not None else paths.gold(*n) for n in bases}
     result = ReplayResult(source=source, from_lsn=frm, to_lsn=to, changes_redecoded=decoded, in_place=dest is None,
                           tables=tuple(TableReplay(s, t, b[0], b[1], written[(s, t)], row_count(written[(s, t)]) or 0)
@@ -137,11 +141,12 @@ def _resolve(changes_path: str, point: Point) -> Lsn:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
+
+    from slotlake.merge.watermarks import delta_rs_table
 
     if isinstance(point, Lsn):
         return point
-    data = DeltaTable(str(storage.local_path(changes_path))).to_pyarrow_dataset(
+    data = delta_rs_table(changes_path).to_pyarrow_dataset(
         parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
     moment = pa.scalar(point, pa.timestamp("us", tz="UTC"))
     before = pc.max(data.to_table(columns=["commit_lsn"],
@@ -160,11 +165,12 @@ def _copy_state(gold: str, base: tuple[Lsn, int], target: str) -> None:
     from deltalake.exceptions import DeltaError
     from deltalake.transaction import CommitProperties
 
-    shutil.rmtree(storage.local_path(target), ignore_errors=True)  # a new table, as Spark's replay makes it
+    storage.files_for(target).remove_tree(target)  # a new table, as Spark's replay makes it
     try:
         data = open_dataset(gold, base[1])
-        write_deltalake(str(storage.local_path(target)), data.scanner(batch_size=65_536).to_reader(),
-                        mode="overwrite", commit_properties=CommitProperties(
+        uri, options = storage.delta_rs_table_args(target)
+        write_deltalake(uri, data.scanner(batch_size=65_536).to_reader(), mode="overwrite",
+                        storage_options=options or None, commit_properties=CommitProperties(
                             custom_metadata={"userMetadata": CommitMeta(STAGE_MERGE, base[0]).json()}))
     except (DeltaError, pa.ArrowException, OSError) as e:  # (Spark's reader may still read it: it decides)
         raise Declined(f"{gold} as of version {base[1]} not copied with delta-rs ({type(e).__name__}: {e})") from None
@@ -198,7 +204,7 @@ def _replace_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, after: Ls
     replaced whole or not at all; its rows re-decoded are the same unless the decoder changed, which is what an
     in-place replay is for). Returns the rows re-decoded."""
     from slotlake.decode import silver_write
-    from slotlake.decode.job import MAX_HELD_ROWS, _write_files
+    from slotlake.decode.job import MAX_HELD_ROWS, place_files
     from slotlake.merge.watermarks import silver_file_stats
 
     if to <= after:
@@ -222,13 +228,13 @@ def _replace_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, after: Ls
     try:
         for group in _split_at(bronze, cuts):
             for chunk, summary, _ in _slices(cfg, group):
-                written += _write_files(None, chunk, summary, MAX_HELD_ROWS, paths.changes, window=(lo, hi),
-                                        in_driver=True)
+                written += place_files(None, chunk, summary, MAX_HELD_ROWS, paths.changes, window=(lo, hi),
+                                       in_driver=True)
         if known is not None:
             _check_known(cfg, req.source, written, known)
     except Declined:
         for f in written:  # not committed: nothing refers to them
-            storage.local_path(f"{paths.changes}/{f['path']}").unlink(missing_ok=True)
+            storage.files_for(paths.changes).remove(storage.join(paths.changes, f["path"]))
         raise
     silver_write.replace_files(paths.changes, written, removed,
                                user_metadata=replay_meta(silver_end, STAGE_DECODE, req, frm, to))
@@ -304,8 +310,9 @@ def _merge_silver(cfg: Config, req: ReplayRequest, paths: LakePaths, names: Sequ
     bronze = []
     for f in list_bronze(paths.root):
         if after < f.end_lsn <= silver_end:
-            local = storage.local_path(f.path)
-            bronze.append((f.end_lsn.value, local.stat().st_size, pq.ParquetFile(local).metadata.num_rows))
+            fs, where = storage.arrow_files(f.path)
+            bronze.append((f.end_lsn.value, storage.files_for(f.path).size(f.path),
+                           pq.read_metadata(where, filesystem=fs).num_rows))
     ends = _merge_ends(stats, bronze, after.value, silver_end.value, cfg.spark.in_process_bytes, SLICE_MAX_ROWS)
     for end in ends:
         if merge_into(cfg, req.source, paths.changes, names, gold_of, Lsn(end),
@@ -361,16 +368,19 @@ def _write_back(paths: LakePaths, rebuilt: dict[tuple[str, str], str], user_meta
     """In place: each gold table := its rebuilt table's rows, one overwrite commit (history kept) marked
     `user_metadata`, streamed batch by batch."""
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
     from deltalake.exceptions import SchemaMismatchError
     from deltalake.transaction import CommitProperties
 
+    from slotlake.merge.watermarks import delta_rs_table
+
     for (s, t), target in sorted(rebuilt.items()):
-        data = DeltaTable(str(storage.local_path(target))).to_pyarrow_dataset(
+        data = delta_rs_table(target).to_pyarrow_dataset(
             parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
-        gold = str(storage.local_path(paths.gold(s, t)))
+        gold, options = storage.delta_rs_table_args(paths.gold(s, t))
         try:
             write_deltalake(gold, data.scanner(batch_size=65_536).to_reader(), mode="overwrite",
+                            storage_options=options or None,
                             commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}))
         except SchemaMismatchError as e:
             raise Declined(f"{s}.{t}: the rebuilt columns are not gold's ({e})") from None
@@ -386,19 +396,22 @@ def _slices(cfg: Config, files: Sequence[BronzeFile]) -> Iterator[tuple[list[Bro
     """`files` (in LSN order) a slice at a time, as the sync decodes them (`decode.job.in_process_slice`: at most
     `spark.in_process_bytes` and a slice's rows): (the slice's files, their frame summary, whether it is the last).
     Declined at a file bigger than a slice, or without the extract's frame summary."""
-    from slotlake.decode.job import MAX_HELD_ROWS, _footer_summary, in_process_slice
+    from slotlake.decode.job import MAX_HELD_ROWS, _footer_summary, _staged_bronze, in_process_slice
 
     todo = list(files)
+    limit = cfg.spark.in_process_bytes
     while todo:
-        chunk = in_process_slice(todo, cfg.spark.in_process_bytes)
-        if not chunk:
-            raise Declined(f"bronze file {todo[0].name} alone holds more than {cfg.spark.in_process_bytes:,} "
-                            "bytes or a slice's rows")
-        todo = todo[len(chunk):]
-        summary = _footer_summary(chunk, MAX_HELD_ROWS)
-        if summary is None:
-            raise Declined("a bronze file without the extract's frame summary")
-        yield chunk, summary, not todo
+        with tempfile.TemporaryDirectory(prefix="slotlake-bronze-") as stage:
+            # on an s3a lake the slice is read from local copies of its bronze files (`_staged_bronze`)
+            here = (_staged_bronze(todo, stage, limit, whole=False) or []) if storage.is_s3(todo[0].path) else todo
+            chunk = in_process_slice(here, limit)
+            if not chunk:
+                raise Declined(f"bronze file {todo[0].name} alone holds more than {limit:,} bytes or a slice's rows")
+            todo = todo[len(chunk):]
+            summary = _footer_summary(chunk, MAX_HELD_ROWS)
+            if summary is None:
+                raise Declined("a bronze file without the extract's frame summary")
+            yield chunk, summary, not todo
 
 
 def _decode_slice(cfg: Config, source: str, files: list[BronzeFile], summary: Any, changes_path: str, after: Lsn,
@@ -407,10 +420,10 @@ def _decode_slice(cfg: Config, source: str, files: list[BronzeFile], summary: An
     written into the scratch silver table as one commit whose decode watermark is `end` (the first one replaces
     the table). Returns the rows added."""
     from slotlake.decode import silver_write
-    from slotlake.decode.job import MAX_HELD_ROWS, _write_files
+    from slotlake.decode.job import MAX_HELD_ROWS, place_files
 
-    written = _write_files(None, files, summary, MAX_HELD_ROWS, changes_path, window=(after.value, to.value),
-                           in_driver=True)
+    written = place_files(None, files, summary, MAX_HELD_ROWS, changes_path, window=(after.value, to.value),
+                          in_driver=True)
     if known is not None:
         _check_known(cfg, source, written, known)
     meta = CommitMeta(STAGE_DECODE, end, {"after_lsn": str(after)}).json()
@@ -444,12 +457,13 @@ def _check_known(cfg: Config, source: str, written: Sequence[Mapping[str, Any]],
 def _ddl_between(paths: LakePaths, mark: Lsn, upto: Lsn) -> bool:
     """Whether `_ddl_log` holds an event of a commit in (mark, upto] (True when it cannot be read here)."""
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
+
+    from slotlake.merge.watermarks import delta_rs_table
 
     if not delta_log.is_delta_table(paths.ddl_log):
         return False
     try:
-        rows = DeltaTable(str(storage.local_path(paths.ddl_log))).to_pyarrow_dataset().to_table(
+        rows = delta_rs_table(paths.ddl_log).to_pyarrow_dataset().to_table(
             columns=["commit_lsn"],
             filter=(ds.field("commit_end_lsn") > int(mark)) & (ds.field("commit_lsn") <= int(upto)))
     except Exception:  # any reason: the Spark replay reads it
