@@ -3,8 +3,8 @@ through the real CLI: the initial copy, inserts, updates, deletes, a column type
 each window of tests/integration/test_faults.py (extract: after placing a bronze object with one conditional PUT,
 before advancing the slot; decode: after the `_catalog` commit, before silver's; merge: after the first table's gold
 commit, before the other tables and `_runs`), a small batch's decode written in the driver and committed by delta-rs,
-an idle sync that starts no JVM, a small batch decoded and merged in the CLI's own process (no JVM), and `recover
---to s3a://...`. Gold
+an idle sync that starts no JVM, a small batch decoded and merged in the CLI's own process (no JVM), replays
+(`--dest` and in place) and recoveries (`--to s3a://...`, into PostgreSQL) in the CLI's process too. Gold
 equals PostgreSQL row by row after every phase (read with delta-rs through the configured endpoint), and at the end
 every Delta table in the bucket reads the same through delta-rs and Spark (s3a). Plus: a bronze object is never
 replaced.
@@ -214,7 +214,13 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
             "UPDATE events SET n = 7 WHERE ctid = (SELECT min(ctid) FROM events WHERE kind = 'k2' AND n = 2)",
             "INSERT INTO events VALUES ('k3', 0), ('k0', NULL)",
             "INSERT INTO items SELECT g, 'late ' || g, g, 1.50, now() FROM generate_series(300, 340) g",
-            "UPDATE items SET qty = qty * 2 WHERE id BETWEEN 300 AND 310",
+            "UPDATE items SET qty = qty * 2 WHERE id BETWEEN 300 AND 310")
+    with psycopg.connect(pg_db, autocommit=True) as conn:  # a point inside the batch, for recover (phase 6)
+        inside = Lsn.parse(str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]))
+        conn.execute("CREATE SCHEMA inside")
+        for t in TABLES:
+            conn.execute(f"CREATE TABLE inside.{t.split('.')[1]} AS TABLE {t}")
+    run_sql(pg_db,
             "DELETE FROM items WHERE id = 2",
             "INSERT INTO notes SELECT g, repeat('t', 400) || g FROM generate_series(2000, 2005) g",
             "UPDATE notes SET id = id + 100 WHERE id = 2005")
@@ -250,13 +256,34 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     assert silver_end(paths) == end
     assert not [k for k in s3_server.keys(s3_bucket, "slotlake/shop/") if "/_replay/" in k]
 
-    # 6. recover both tables as of `point` into the bucket, compared with PostgreSQL as it was then
+    # 6. recover both tables as of `point` into the bucket, compared with PostgreSQL as it was then: the Spark app
+    # (the replay to it holds the column type change: several column layouts, which the in-process merge declines)
     out = clirun.slotlake(cfg, "recover", SOURCE, "--as-of", str(point), "--table", TABLES[0], "--table", TABLES[1],
                           "--to", f"s3a://{s3_bucket}/out", "--json", timeout=1200)
     assert out.returncode == 0, out.stderr[-4000:]
+    assert clirun.launched_apps(out.stderr) == ["recover"] and "several column layouts" in out.stderr, \
+        out.stderr[-3000:]
     for t in TABLES:
         name = t.split(".")[1]
         assert_gold_equals_pg(f"s3a://{s3_bucket}/out/public/{name}", pg_db, f"recorded.{name}")
+    # ...and as of the point inside phase 5's batch, into the bucket and into PostgreSQL, in the CLI's process (no
+    # Spark app): gold's state at phase 4's run copied, the batch's first transactions re-decoded and merged
+    out = clirun.slotlake(cfg, "recover", SOURCE, "--as-of", str(inside), "--table", TABLES[0], "--table", TABLES[1],
+                          "--to", f"s3a://{s3_bucket}/inside", timeout=1200)
+    assert out.returncode == 0 and clirun.launched_apps(out.stderr) == [] and "in this process" in out.stderr, \
+        "\n".join(x for x in out.stderr.splitlines() if "declined" in x) or out.stderr[-3000:]
+    for t in TABLES:
+        name = t.split(".")[1]
+        assert_gold_equals_pg(f"s3a://{s3_bucket}/inside/public/{name}", pg_db, f"inside.{name}")
+    out = clirun.slotlake(cfg, "recover", SOURCE, "--as-of", str(inside), "--table", TABLES[0], "--table", TABLES[1],
+                          "--to", pg_db, "--into-schema", "rec", timeout=1200)
+    assert out.returncode == 0 and clirun.launched_apps(out.stderr) == [], out.stderr[-3000:]
+    with psycopg.connect(pg_db) as conn:
+        for t in TABLES:
+            name = t.split(".")[1]
+            for a, b in ((f"rec.{name}", f"inside.{name}"), (f"inside.{name}", f"rec.{name}")):
+                [(extra,)] = conn.execute(f"SELECT count(*) FROM (TABLE {a} EXCEPT ALL TABLE {b}) x").fetchall()
+                assert extra == 0, f"{a} holds {extra} row(s) {b} does not"
 
     # 7. every Delta table in the bucket (gold, silver, _catalog, _runs, the recovered ones) through delta-rs and
     # Spark (s3a), in a process whose Spark session has the S3 jars

@@ -13,7 +13,7 @@ A table whose history table covers L is read from it instead (the versions valid
 The Spark app started a JVM for every recovery, a one-row question included (30-40 s on 2 cores). It declines
 (returns None, nothing written to the target; the caller runs the Spark app, which does the whole recovery) where
 the in-process replay declines (`replay_in_process`), for a history table delta-rs does not read as Spark wrote it
-(column mapping, deletion vectors), for an object-store lake or target, for a target table whose names need Delta
+(column mapping, deletion vectors), for a target table whose names need Delta
 column mapping, for a column of a type pyarrow does not hold as gold does, and when a value cannot be turned into
 a Python value for the COPY (the transaction is rolled back first). The checks of the point against the lake
 (`check_point`, `check_resolved`) are the Spark app's too.
@@ -21,7 +21,7 @@ a Python value for the COPY (the transaction is rolled back first). The checks o
 from __future__ import annotations
 
 import logging
-import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -87,9 +87,8 @@ def recover_in_process(cfg: Config, req: RecoverRequest, password: str | None = 
     started = time.monotonic()
     source = req.source
     paths = LakePaths.of(cfg.lake, source)
-    if not cfg.spark.in_process_bytes or storage.is_s3(paths.root) \
-            or (req.to_delta is not None and storage.is_s3(req.to_delta)) \
-            or not delta_log.readable(paths.changes) or not delta_log.is_delta_table(paths.changes):
+    if not cfg.spark.in_process_bytes or not delta_log.readable(paths.changes) \
+            or not delta_log.is_delta_table(paths.changes):
         return None
     silver_end = delta_log.stage_end(paths.changes, STAGE_DECODE)
     if silver_end is None:
@@ -104,7 +103,8 @@ def recover_in_process(cfg: Config, req: RecoverRequest, password: str | None = 
         if there:
             raise RecoverError(f"recover {source}: {', '.join(there)} already exist(s) under {req.to_delta}; pass "
                                "--replace to overwrite, or choose another --to")
-    scratch = paths.scratch("recover")
+    # an s3a lake's scratch tables in a local temporary folder (written and read only here), as the replay's
+    scratch = tempfile.mkdtemp(prefix="slotlake-recover-") if storage.is_s3(paths.root) else paths.scratch("recover")
     try:
         # A table whose history table covers L is read from it (no re-decode); the others are rebuilt by replay.
         from_history = tuple(t for t in req.tables if _history_covers(paths, t, lsn))
@@ -126,7 +126,7 @@ def recover_in_process(cfg: Config, req: RecoverRequest, password: str | None = 
         log.info("recover %s in this process declined (%s): the Spark app recovers", source, why)
         return None
     finally:
-        shutil.rmtree(storage.local_path(scratch), ignore_errors=True)
+        storage.files_for(scratch).remove_tree(scratch)
     result = RecoverResult(source=source, as_of=format_point(req.as_of), lsn=lsn, commit_ts=commit_ts,
                            target=req.target, tables=tuple(tables), from_history=tuple(map(str, from_history)))
     log.info("recover %s: %d table(s) at %s into %s (%d from history), in this process (%.1fs)", source,
@@ -141,9 +141,10 @@ def resolve_as_of(changes_path: str, point: Point) -> tuple[Lsn, datetime | None
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
 
-    data = DeltaTable(str(storage.local_path(changes_path))).to_pyarrow_dataset(
+    from slotlake.merge.watermarks import delta_rs_table
+
+    data = delta_rs_table(changes_path).to_pyarrow_dataset(
         parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
     lsns = data.to_table(columns=["commit_lsn"]).column("commit_lsn")
     first, last = pc.min(lsns).as_py(), pc.max(lsns).as_py()
@@ -262,9 +263,10 @@ def _to_delta(req: RecoverRequest, table: TableName, data) -> RecoveredTable:
 
     target = table_dir(str(req.to_delta), *table)
     if req.replace:
-        shutil.rmtree(storage.local_path(target), ignore_errors=True)  # a new table, not a new version of it
+        storage.files_for(target).remove_tree(target)  # a new table, not a new version of it
     meta = CommitMeta(STAGE_RECOVER, None, {"source": req.source, "as_of": format_point(req.as_of)}).json()
-    write_deltalake(str(storage.local_path(target)), data.to_reader(), mode="error",
+    uri, options = storage.delta_rs_table_args(target)
+    write_deltalake(uri, data.to_reader(), mode="error", storage_options=options or None,
                     commit_properties=CommitProperties(custom_metadata={"userMetadata": meta}))
     rows = row_count(target) or 0
     log.info("recover %s: %s -> %s (%d rows)", req.source, table, target, rows)
