@@ -4,7 +4,7 @@ each window of tests/integration/test_faults.py (extract: after placing a bronze
 before advancing the slot; decode: after the `_catalog` commit, before silver's; merge: after the first table's gold
 commit, before the other tables and `_runs`), a small batch's decode written in the driver and committed by delta-rs,
 an idle sync that starts no JVM, a small batch decoded and merged in the CLI's own process (no JVM), replays
-(`--dest` and in place) and recoveries (`--to s3a://...`, into PostgreSQL) in the CLI's process too. Gold
+(`--dest` and in place), recoveries (`--to s3a://...`, into PostgreSQL) and an undo in the CLI's process too. Gold
 equals PostgreSQL row by row after every phase (read with delta-rs through the configured endpoint), and at the end
 every Delta table in the bucket reads the same through delta-rs and Spark (s3a). Plus: a bronze object is never
 replaced.
@@ -17,6 +17,7 @@ test's five other apps instead of one each.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -220,8 +221,13 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
         conn.execute("CREATE SCHEMA inside")
         for t in TABLES:
             conn.execute(f"CREATE TABLE inside.{t.split('.')[1]} AS TABLE {t}")
+    with psycopg.connect(pg_db) as conn:  # a transaction to undo (phase 6)
+        deleted = conn.execute("SELECT * FROM items WHERE id = 2").fetchall()
+        conn.execute("DELETE FROM items WHERE id = 2")
+        bad_xid = int(conn.execute("SELECT txid_current() % 4294967296").fetchone()[0])
+        conn.commit()
+    assert len(deleted) == 1
     run_sql(pg_db,
-            "DELETE FROM items WHERE id = 2",
             "INSERT INTO notes SELECT g, repeat('t', 400) || g FROM generate_series(2000, 2005) g",
             "UPDATE notes SET id = id + 100 WHERE id = 2005")
     report, log = sync(cfg)
@@ -285,6 +291,20 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
                 [(extra,)] = conn.execute(f"SELECT count(*) FROM (TABLE {a} EXCEPT ALL TABLE {b}) x").fetchall()
                 assert extra == 0, f"{a} holds {extra} row(s) {b} does not"
 
+    # ...and the undo of phase 5's delete, built in the CLI's process (no Spark app), applied with psql: the row is
+    # back as it was
+    script = tmp_path / "undo.sql"
+    out = clirun.slotlake(cfg, "undo", SOURCE, "--xid", str(bad_xid), "--out", str(script), timeout=1200)
+    assert out.returncode == 0 and clirun.launched_apps(out.stderr) == [] and "in this process" in out.stderr, \
+        "\n".join(x for x in out.stderr.splitlines() if "declined" in x) or out.stderr[-3000:]
+    from slotlake_dev.localpg import pg_bindir
+
+    applied = subprocess.run([str(pg_bindir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", pg_db],
+                             input=script.read_text(), capture_output=True, text=True, timeout=300)
+    assert applied.returncode == 0, applied.stderr
+    with psycopg.connect(pg_db) as conn:
+        assert conn.execute("SELECT * FROM items WHERE id = 2").fetchall() == deleted
+
     # 7. every Delta table in the bucket (gold, silver, _catalog, _runs, the recovered ones) through delta-rs and
     # Spark (s3a), in a process whose Spark session has the S3 jars
     n, _ = check_bucket(str(cfg), f"s3a://{s3_bucket}")
@@ -332,3 +352,8 @@ def test_a_bronze_object_is_never_replaced(s3_server, s3_bucket, tmp_path, monke
     assert key == placed.path[len("s3a://"):]
     with fs.open_input_stream(key) as f:
         assert f.read() == b"first"
+    # a folder removed with everything under it (a replay's `--dest` tables when it declines); nothing else
+    files.put_new(f"{root}/_x/t/_delta_log/0.json", b"{}")
+    files.put_new(f"{root}/_x/t/part.parquet", b"p")
+    files.remove_tree(f"{root}/_x")
+    assert s3_server.keys(s3_bucket) == [f"lake/shop/bronze/{bronze.bronze_name(Lsn(0x10), Lsn(0x20))}"]

@@ -96,3 +96,16 @@ def test_local_put_new_never_replaces(tmp_path):
     assert files.read_bytes(target) == b"third"
     files.remove(target)
     assert not files.exists(target) and files.list_names(str(tmp_path / "nope")) == []
+
+
+def test_local_get_file_remove_tree_and_arrow_files(tmp_path):
+    files = storage.LocalFiles()
+    files.put_new(str(tmp_path / "t" / "a" / "x.parquet"), b"x")
+    files.get_file(str(tmp_path / "t" / "a" / "x.parquet"), str(tmp_path / "copy"))
+    assert (tmp_path / "copy").read_bytes() == b"x"
+    with pytest.raises(FileNotFoundError):
+        files.get_file(str(tmp_path / "nope"), str(tmp_path / "copy2"))
+    assert storage.arrow_files(str(tmp_path / "t")) == (None, str(tmp_path / "t"))
+    files.remove_tree(str(tmp_path / "t"))
+    assert not (tmp_path / "t").exists()
+    files.remove_tree(str(tmp_path / "t"))  # nothing there: nothing to do

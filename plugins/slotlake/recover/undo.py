@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import shutil
+import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -520,12 +520,13 @@ def undo(cfg: Config, source: str, xid: int | None = None, commit_lsn: str | Non
     ref, touched = find_transaction(cfg, source, xid, lsn)
     paths = LakePaths.of(cfg.lake, source)
     here = None
-    if spark is None and cfg.spark.in_process_bytes and not storage.is_s3(paths.root):
-        scratch = paths.scratch("undo")
+    if spark is None and cfg.spark.in_process_bytes:
+        # an s3a lake's scratch tables in a local temporary folder (written and read only here), as the replay's
+        scratch = tempfile.mkdtemp(prefix="slotlake-undo-") if storage.is_s3(paths.root) else paths.scratch("undo")
         try:
             here = _tables_in_process(cfg, ref, touched, scratch)
         finally:
-            shutil.rmtree(storage.local_path(scratch), ignore_errors=True)
+            storage.files_for(scratch).remove_tree(scratch)
     if here is not None:
         tables = here
     else:
