@@ -57,7 +57,8 @@ def test_local_command_has_master_jars_app_and_args_and_no_py_files(monkeypatch)
     assert "delta-spark" in confs["spark.jars"] and "spark.master" not in confs
     assert app.env["SLOTLAKE_UNDER_SPARK_SUBMIT"] == "1" and app.env["PYSPARK_PYTHON"] == sys.executable
     # the app's driver JVM lives one run: C1 only; a long-lived session (spark-server, in-process) keeps the JIT
-    assert confs["spark.driver.extraJavaOptions"] == SUBMIT_DRIVER_JAVA_OPTIONS == "-XX:TieredStopAtLevel=1"
+    assert confs["spark.driver.extraJavaOptions"] == SUBMIT_DRIVER_JAVA_OPTIONS == \
+        "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
     assert "spark.driver.extraJavaOptions" not in spark_conf("local[2]")
 
 

@@ -36,8 +36,10 @@ _TAIL_LINES = 40
 # Spark's and Delta's code take more CPU than they win back in a JVM this short-lived (bench/README.md "C1 for
 # spark-submit apps": a 1,000-change sync 60 -> 51 s, a 1 M-change merge 73 -> 59 s on 2 cores). Long-lived JVMs
 # (`slotlake spark-server`, an in-process session) keep the default JIT. A config's own
-# `spark.driver.extraJavaOptions` replaces this.
-SUBMIT_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+# `spark.driver.extraJavaOptions` replaces this. C1 alone also shrinks the JVM's default code cache from 240 MB to
+# 48 MB, which a replay app of an s3a lake filled ("VirtualMachineError: Out of space in CodeCache for method handle
+# intrinsic", bench/s3_sync.py, 2026-12-06): the default size is kept.
+SUBMIT_DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 @dataclass(frozen=True)
