@@ -223,3 +223,91 @@ def table_properties(table_path: str) -> dict[str, str] | None:
                 conf = meta.get("configuration") or {}
                 return dict(conf) if not isinstance(conf, dict) else conf  # a Parquet map comes as (key, value) pairs
     return None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A table's state from its log: the version, its protocol and metaData actions, and its live files (each one's
+    `add` action as the log holds it: path, size, partitionValues, stats, deletionVector ...), by path."""
+    version: int
+    protocol: Mapping[str, Any]
+    metadata: Mapping[str, Any]
+    files: Mapping[str, Mapping[str, Any]]
+
+
+def _as_json_action(value: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint row's action as its JSON commit holds it: no null fields, maps as objects."""
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        if v is None:
+            continue
+        if isinstance(v, list) and k in ("partitionValues", "tags", "configuration"):
+            v = dict(v)
+        elif isinstance(v, dict) and k in ("deletionVector", "format"):
+            v = {a: b for a, b in v.items() if b is not None}
+        out[k] = v
+    return out
+
+
+def snapshot(table_path: str) -> Snapshot | None:
+    """The table's latest `Snapshot`, replayed from its newest classic checkpoint and the JSON commits after it
+    (per commit its removes, then its adds: a file given a new deletion vector is removed and added in one commit).
+    None when this reader cannot say (no table, a v2 checkpoint, a commit gone from the log)."""
+    names = _log_names(table_path)
+    log_dir = _log_dir(table_path)
+    commits_: list[int] = []
+    checkpoints: dict[int, list[str]] = {}
+    for name in names:
+        if m := _COMMIT_FILE.match(name):
+            commits_.append(int(m.group(1)))
+        elif m := _CHECKPOINT_FILE.match(name):
+            checkpoints.setdefault(int(m.group(1)), []).append(storage.join(log_dir, name))
+        elif ".checkpoint." in name and not name.endswith(".crc"):
+            return None  # a v2 checkpoint (UUID-named, with sidecars)
+    if not commits_:
+        return None
+    newest = max(commits_)
+    base = max((v for v in checkpoints if v <= newest), default=-1)
+    protocol: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    files: dict[str, dict[str, Any]] = {}
+    if base >= 0:
+        parts = checkpoints[base]
+        m = _CHECKPOINT_FILE.match(parts[0].rsplit("/", 1)[-1])
+        if m and m.group(2) and len(parts) != int(m.group(2)[12:]):
+            return None  # a multi-part checkpoint with parts missing
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for part in parts:
+            data = pq.read_table(pa.BufferReader(storage.files_for(part).read_bytes(part)))
+            cols = set(data.column_names)
+            for kind in ("protocol", "metaData", "add"):
+                if kind not in cols:
+                    continue
+                for value in data.column(kind).to_pylist():
+                    if value is None:
+                        continue
+                    value = _as_json_action(value)
+                    if kind == "protocol":
+                        protocol = value
+                    elif kind == "metaData":
+                        metadata = value
+                    else:
+                        files[value["path"]] = value
+    for v in range(base + 1, newest + 1):
+        text = _read_text(storage.join(log_dir, f"{v:020d}.json"))
+        if text is None:
+            return None  # cleaned up: only a checkpoint says what came before
+        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+        for a in actions:
+            if "remove" in a:
+                files.pop(a["remove"]["path"], None)
+            elif "protocol" in a:
+                protocol = a["protocol"]
+            elif "metaData" in a:
+                metadata = a["metaData"]
+        for a in actions:
+            if "add" in a:
+                files[a["add"]["path"]] = a["add"]
+    return Snapshot(newest, protocol, metadata, files)

@@ -52,6 +52,7 @@ from slotlake.decode.layouts import LayoutGroup
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
+from slotlake.merge import dv_merge
 from slotlake.merge.arrow_values import ARROW_TYPES, delta_type, typed_array
 from slotlake.merge.plan import (
     COLUMN_MAPPING,
@@ -111,6 +112,8 @@ class _Table:
     last_commit_ts: datetime | None = None
     up_to_date: bool = False
     truncate: bool = False  # the batch holds a TRUNCATE: `source` is gold's whole new content (an overwrite)
+    marked: bool = False  # gold has deletion vectors: a keyed batch's commit marks rows (`marks`, merge/dv_merge.py)
+    marks: Any = None  # dv_merge.Marks
 
 
 def merge_in_process(cfg: Config, source: str):
@@ -289,13 +292,20 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     if t.truncate and src.delete_mode != "hard":
         raise Declined(f"{name}: a TRUNCATE with soft deletes")
     props = delta_log.table_properties(gold)
-    if props is None or props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true":
-        raise Declined(f"{name}: gold maps columns or has deletion vectors")
+    if props is None or props.get(COLUMN_MAPPING, "none") != "none":
+        raise Declined(f"{name}: gold maps columns")
     if props.get(SNAPSHOT_PROPERTY) and (json.loads(props[SNAPSHOT_PROPERTY]) or {}).get("visibility"):
         raise Declined(f"{name}: gold filters changes by its copy's snapshot")
     text = str(name)
-    if src.keeps_history(text) or src.uses_deletion_vectors(text):
-        raise Declined(f"{name}: a history table or deletion vectors")
+    if src.keeps_history(text):
+        raise Declined(f"{name}: a history table")
+    # Deletion vectors (config `deletion_vectors`): a keyed batch marks gold's rows (merge/dv_merge.py); Spark
+    # turns them on or off when the config and gold disagree, and takes every other kind of batch.
+    t.marked = props.get(DELETION_VECTORS) == "true"
+    if t.marked != src.uses_deletion_vectors(text):
+        raise Declined(f"{name}: gold's deletion vectors are to be turned {'off' if t.marked else 'on'}")
+    if t.marked and (t.truncate or (why := dv_merge.writable(gold))):
+        raise Declined(f"{name}: gold has deletion vectors ({'a TRUNCATE' if t.truncate else why})")
     t.last_commit_ts = max((g.last_ts for g in groups if g.last_ts is not None), default=None)
     if not shaped:  # TRUNCATE only: gold is emptied
         return t
@@ -319,8 +329,19 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
         _prepare_truncated(t, plan, batch)
         return t
     changes = _changes(batch)
+    if t.marked and plan.strategy is not KeyStrategy.KEYED:
+        raise Declined(f"{name}: gold has deletion vectors and no key")
     if plan.strategy is KeyStrategy.KEYED:
-        t.source = _keyed_source(plan, changes, gold)
+        t.source = _keyed_source(plan, changes, gold, holds=not t.marked)
+        if t.marked:
+            import pyarrow as pa
+
+            from slotlake.merge.watermarks import delta_rs_table
+
+            try:
+                t.marks = dv_merge.plan_marks(gold, plan, t.source, pa.schema(delta_rs_table(gold).schema().to_arrow()))
+            except dv_merge.CannotMark as why:
+                raise Declined(f"{name}: {why}") from None
     elif plan.strategy is KeyStrategy.INSERT_ONLY:
         t.source, t.append = _append_rows(plan, changes, numbered=False), True
         t.unapplied = g.ud
@@ -458,7 +479,7 @@ def _meta(batch):
     return batch.column("commit_lsn").cast(pa.int64()), batch.column("commit_ts").cast(ARROW_TYPES["timestamp"])
 
 
-def _keyed_source(plan: TablePlan, batch, gold: str | None):
+def _keyed_source(plan: TablePlan, batch, gold: str | None, *, holds: bool = True):
     """One row per key touched: its last event's action (D, else U), typed values, LSN and time, as
     `lineage.keyed_source` leaves it. The batch is in (commit_lsn, seq) order; each change is an event at its key
     (a delete's key is its old tuple's, any other its new tuple's), and an update whose old key differs from its
@@ -526,7 +547,7 @@ def _keyed_source(plan: TablePlan, batch, gold: str | None):
             raise Declined(f"{plan.shape.qualified}: an unchanged TOAST value after a TRUNCATE that no later change "
                            "wrote")
         kept = {}
-    if kept:
+    if kept and holds:  # (else `dv_merge.plan_marks` checks it, reading gold's rows)
         assert gold is not None
         _check_gold_holds(plan, gold, [last.column(k) for k in knames], _any(list(kept.values())))
     lsn, ts = _meta(chosen)
@@ -851,6 +872,9 @@ def _commit(src: SourceConfig, t: _Table, end: Lsn) -> tuple[int, dict[str, int]
         elif t.append:
             data = t.source.select(target.names).cast(target)
             write_deltalake(table, data, mode="append", commit_properties=props)
+        elif t.marks is not None:
+            dv_merge.commit_marks(t.gold, t.marks, app_id=app_id, txn_version=int(end),
+                                  user_metadata=stage_metadata(end, "merge"))
         else:
             assert t.plan is not None
             _merge(table, t.plan, t.source, props)

@@ -1,0 +1,352 @@
+"""A keyed batch into a gold table with deletion vectors, without Spark: gold's changed rows are marked deleted, not
+rewritten (config `deletion_vectors`, README "Big gold tables").
+
+delta-rs reads such tables but does not write them, so this module writes the commit itself, as Delta's MERGE with
+deletion vectors would (PROTOCOL.md, "Deletion Vectors"):
+
+1. `plan_marks`: from the table's log (`delta_log.snapshot`) the live files and their deletion vectors; the files
+   whose key statistics may hold a key of the batch; in each, the key columns (only those) read with pyarrow, the
+   rows already deleted left out, joined with the batch's keys: the rows each key's last event replaces or deletes.
+   Unchanged TOAST values are read from gold's matched rows (only those columns, only those files).
+2. `commit_marks`: one `deletion_vector_<uuid>.bin` with each touched file's new vector (its old rows and the new
+   ones), one Parquet file with the rows the batch writes (updates' new versions, inserts), then the log entry,
+   written only if its version is free (`Files.put_new`: a hard link locally, a conditional PUT on S3): per touched
+   file a `remove` of it with its old vector and an `add` with the new one (a file left without a live row: only the
+   `remove`), the new file's `add`, the idempotent-write `txn` and a `commitInfo` with the MERGE's metrics.
+
+A file's `stats` are kept (`tightBounds` false: some of its rows are deleted); the new file's hold `numRecords`,
+`nullCount`, and `minValues`/`maxValues` of its integer, date and short string columns. Anything else this module
+does not write exactly raises `CannotMark` before anything is written: the caller leaves the batch to Spark.
+"""
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import io
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+from slotlake import delta_log, storage
+from slotlake.contracts import COMMIT_TS_COL, LSN_COL
+from slotlake.errors import MergeError
+from slotlake.merge import dv_codec
+from slotlake.merge.plan import TablePlan
+from slotlake.merge.watermarks import delta_rs_table
+
+log = logging.getLogger(__name__)
+
+# What this writer honours: a table with another feature (row tracking, in-commit time stamps, v2 checkpoints,
+# clustering, column mapping, type widening ...) is left to Spark.
+_READER_FEATURES = frozenset({"deletionVectors", "timestampNtz"})
+_WRITER_FEATURES = frozenset({"deletionVectors", "timestampNtz", "appendOnly", "invariants", "checkConstraints",
+                              "changeDataFeed", "generatedColumns", "identityColumns"})
+_SCHEMA_MARKERS = ("delta.generationExpression", "delta.identity", "delta.invariants", "delta.columnMapping")
+_STRING_STAT_CHARS = 32  # Spark's prefix length for string statistics: longer values get none here
+ENGINE = "slotlake (deletion vectors, without Spark)"
+CHECKPOINT_INTERVAL = 10  # Delta's default `delta.checkpointInterval`: a commit at a multiple writes a checkpoint
+
+
+class CannotMark(Exception):
+    """The batch is not one this module writes exactly (the reason): Spark's MERGE takes it."""
+
+
+@dataclass
+class Marks:
+    """What `commit_marks` writes for one table."""
+    version: int  # the snapshot the marks were planned on
+    touched: dict[str, Any] = field(default_factory=dict)  # path -> pyroaring BitMap: the file's whole new vector
+    live: dict[str, int] = field(default_factory=dict)  # path -> physical rows of the file
+    adds: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # path -> its add action (snapshot's)
+    rows: Any = None  # pyarrow Table in gold's schema: the rows the batch writes (None: none)
+    metrics: dict[str, int] = field(default_factory=dict)
+    checkpoint_interval: int = CHECKPOINT_INTERVAL  # the table's `delta.checkpointInterval`
+
+
+def writable(gold: str) -> str | None:
+    """None when this module can write `gold`'s log, else why not."""
+    snap = delta_log.snapshot(gold)
+    if snap is None:
+        return "its log cannot be replayed here"
+    return _unsupported(snap)
+
+
+def _unsupported(snap: delta_log.Snapshot) -> str | None:
+    readers = set(snap.protocol.get("readerFeatures") or ())
+    writers = set(snap.protocol.get("writerFeatures") or ())
+    if int(snap.protocol.get("minWriterVersion", 0)) < 7 or "deletionVectors" not in writers:
+        return "the table's protocol has no deletion vectors"
+    if readers - _READER_FEATURES or writers - _WRITER_FEATURES:
+        return f"table features {sorted((readers - _READER_FEATURES) | (writers - _WRITER_FEATURES))}"
+    conf = dict(snap.metadata.get("configuration") or {})
+    if conf.get("delta.appendOnly") == "true" or conf.get("delta.enableChangeDataFeed") == "true" \
+            or any(k.startswith("delta.constraints.") for k in conf):
+        return "append-only, change data feed or CHECK constraints"
+    if snap.metadata.get("partitionColumns"):
+        return "a partitioned table"
+    schema = str(snap.metadata.get("schemaString") or "")
+    if any(m in schema for m in _SCHEMA_MARKERS):
+        return "generated, identity or constrained columns"
+    return None
+
+
+def plan_marks(gold: str, plan: TablePlan, source: Any, target: Any) -> Marks:
+    """The marks and rows of a `_keyed_source` table `source` (one row per key: `__k{j}`, `__action` D|U, `__v{i}`,
+    `__lsn`, `__ts`, `__u{i}`: keep gold's value) against `gold`, whose Arrow schema is `target`. Reads only key
+    columns (and the kept columns of matched rows), in the files whose statistics may hold a key of the batch."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    snap = delta_log.snapshot(gold)
+    if snap is None:
+        raise CannotMark("gold's log cannot be replayed here")
+    why = _unsupported(snap)
+    if why:
+        raise CannotMark(why)
+    cols = plan.shape.columns
+    knames = [cols[k] for k in plan.key_positions]
+    extra = set(target.names) - set(cols) - {LSN_COL, COMMIT_TS_COL}
+    if extra:
+        raise CannotMark(f"gold has columns the batch does not write: {sorted(extra)}")
+    keys = pa.table([source.column(f"__k{j}").cast(target.field(c).type) for j, c in enumerate(knames)],
+                    names=[f"k{j}" for j in range(len(knames))])
+    keys = keys.append_column("__src", pa.array(np.arange(source.num_rows, dtype=np.int64)))
+    conf = dict(snap.metadata.get("configuration") or {})
+    marks = Marks(snap.version, adds=snap.files,
+                  checkpoint_interval=int(conf.get("delta.checkpointInterval", CHECKPOINT_INTERVAL)))
+    fs, root = storage.arrow_files(gold)
+    dv_files: dict[str, bytes] = {}
+    matched = []
+    for path in _candidates(snap.files, knames, keys):
+        add = snap.files[path]
+        where = f"{root.rstrip('/')}/{unquote(path)}"
+        found = pq.read_table(where, columns=knames, filesystem=fs, coerce_int96_timestamp_unit="us")
+        n = found.num_rows
+        found = pa.table([found.column(c) for c in knames], names=[f"k{j}" for j in range(len(knames))])
+        found = found.append_column("__row", pa.array(np.arange(n, dtype=np.int64)))
+        old = _old_vector(gold, add.get("deletionVector"), dv_files)
+        if old is not None and len(old):
+            deleted = np.zeros(n, dtype=bool)
+            deleted[np.fromiter(old, dtype=np.int64, count=len(old))] = True
+            found = found.filter(pa.array(~deleted))
+        try:
+            hit = found.join(keys, [f"k{j}" for j in range(len(knames))], join_type="inner", use_threads=False)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as e:
+            raise CannotMark(f"keys pyarrow does not join ({e})") from None
+        if not hit.num_rows:
+            continue
+        from pyroaring import BitMap
+
+        rows = hit.column("__row").to_numpy()
+        marks.touched[path] = (old | BitMap(rows.tolist())) if old is not None else BitMap(rows.tolist())
+        marks.live[path] = n
+        matched.append(pa.table({"__path": pa.array([path] * hit.num_rows), "__row": hit.column("__row"),
+                                 "__src": hit.column("__src")}))
+    hits = pa.concat_tables(matched) if matched else pa.table({"__path": pa.array([], pa.string()),
+                                                                "__row": pa.array([], pa.int64()),
+                                                                "__src": pa.array([], pa.int64())})
+    src_hits = np.bincount(hits.column("__src").to_numpy(), minlength=source.num_rows) if hits.num_rows \
+        else np.zeros(source.num_rows, dtype=np.int64)
+    if (src_hits > 1).any():
+        raise CannotMark("gold holds a key of the batch more than once")
+    is_update = pc.equal(source.column("__action"), "U").to_numpy(zero_copy_only=False)
+    was_there = src_hits == 1
+    kept = {int(n[3:]): source.column(n).to_numpy(zero_copy_only=False) for n in source.column_names
+            if n.startswith("__u")}
+    for i, mask in kept.items():
+        if (mask & ~was_there).any():
+            raise CannotMark(f"an unchanged TOAST value of a row gold does not hold ({cols[i]})")
+    values = {c: source.column(f"__v{i}") for i, c in enumerate(cols)}
+    if kept and hits.num_rows:
+        values = _with_kept(values, cols, kept, hits, source.num_rows, gold, fs, root)
+    values[LSN_COL] = source.column("__lsn")
+    values[COMMIT_TS_COL] = source.column("__ts")
+    chosen = pa.array(np.flatnonzero(is_update))
+    marks.rows = pa.table([values[f.name].take(chosen).cast(f.type) for f in target], schema=target) \
+        if len(chosen) else None
+    n_updated = int((is_update & was_there).sum())
+    marks.metrics = {
+        "numSourceRows": source.num_rows, "numTargetRowsInserted": int((is_update & ~was_there).sum()),
+        "numTargetRowsUpdated": n_updated, "numTargetRowsDeleted": int((~is_update & was_there).sum()),
+        "numTargetRowsCopied": 0, "numOutputRows": len(chosen),
+        "numTargetFilesAdded": 1 if len(chosen) else 0,
+        "numTargetFilesRemoved": sum(1 for p, v in marks.touched.items() if len(v) == marks.live[p]),
+        "numTargetDeletionVectorsAdded": sum(1 for p, v in marks.touched.items() if len(v) < marks.live[p]),
+        "numTargetDeletionVectorsRemoved": sum(1 for p in marks.touched if snap.files[p].get("deletionVector")),
+    }
+    return marks
+
+
+def _candidates(files: Mapping[str, Mapping[str, Any]], knames: Sequence[str], keys: Any) -> list[str]:
+    """The files whose statistics may hold one of `keys` (k0..: a value within the file's [min, max] on each key
+    column that is an integer or a string); every file whose statistics do not say."""
+    import pyarrow as pa
+
+    sorted_keys = []
+    for j in range(len(knames)):
+        col = keys.column(f"k{j}")
+        if pa.types.is_integer(col.type) or pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            sorted_keys.append((knames[j], sorted(v for v in col.to_pylist() if v is not None)))
+    out = []
+    for path, add in files.items():
+        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        lo, hi = stats.get("minValues") or {}, stats.get("maxValues") or {}
+        may = True
+        for name, values in sorted_keys:
+            if name not in lo or name not in hi or lo[name] is None or hi[name] is None:
+                continue
+            at = bisect.bisect_left(values, lo[name])
+            if at == len(values) or values[at] > hi[name]:
+                may = False
+                break
+        if may:
+            out.append(path)
+    return sorted(out)
+
+
+def _old_vector(gold: str, descriptor: Mapping[str, Any] | None, cache: dict[str, bytes]) -> Any:
+    """The rows a file's deletion vector marks (None: none)."""
+    if not descriptor:
+        return None
+    kind = descriptor.get("storageType")
+    if kind == "i":
+        return dv_codec.read_inline(descriptor)
+    if kind != "u":
+        raise CannotMark(f"a deletion vector stored as {kind!r}")
+    where = storage.join(gold, dv_codec.relative_path(descriptor))
+    if where not in cache:
+        cache[where] = storage.files_for(where).read_bytes(where)
+    try:
+        return dv_codec.read_from_file(cache[where], descriptor)
+    except ValueError as e:
+        raise CannotMark(f"{where}: {e}") from None
+
+
+def _with_kept(values: dict[str, Any], cols: Sequence[str], kept: Mapping[int, Any], hits: Any, n: int, gold: str,
+               fs: Any, root: str) -> dict[str, Any]:
+    """`values` with gold's own value where a source row keeps it (`__u{i}`), read from the matched rows' files."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    wanted = [cols[i] for i in sorted(kept)]
+    old: dict[str, list] = {c: [None] * n for c in wanted}
+    for path in sorted(set(hits.column("__path").to_pylist())):
+        mine = hits.filter(pc.equal(hits.column("__path"), path))
+        data = pq.read_table(f"{root.rstrip('/')}/{unquote(path)}", columns=wanted, filesystem=fs,
+                             coerce_int96_timestamp_unit="us")
+        taken = data.take(mine.column("__row"))
+        for c in wanted:
+            for s, v in zip(mine.column("__src").to_pylist(), taken.column(c).to_pylist()):
+                old[c][s] = v
+    out = dict(values)
+    for i in sorted(kept):
+        c = cols[i]
+        mask = pa.array(np.asarray(kept[i], dtype=bool))
+        out[c] = pc.if_else(mask, pa.array(old[c], type=values[c].type), values[c])
+    return out
+
+
+def commit_marks(gold: str, marks: Marks, *, app_id: str, txn_version: int, user_metadata: str) -> int:
+    """Write `marks` into `gold` as one commit (module doc) at the version after the planned snapshot; its version.
+    A MergeError when another writer took that version first (nothing of this commit is live: run again)."""
+    import pyarrow.parquet as pq
+
+    now = int(time.time() * 1000)
+    files = storage.files_for(gold)
+    partial = [p for p, v in sorted(marks.touched.items()) if len(v) < marks.live[p]]
+    actions: list[dict[str, Any]] = []
+    descriptors: dict[str, dict[str, Any]] = {}
+    if partial:
+        file_id = uuid.uuid4()
+        content, descs = dv_codec.build_file([marks.touched[p] for p in partial], file_id)
+        files.put_new(storage.join(gold, dv_codec.file_name(file_id)), content)
+        descriptors = dict(zip(partial, descs))
+    for path in sorted(marks.touched):
+        add = marks.adds[path]
+        remove = {"path": path, "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
+                  "partitionValues": dict(add.get("partitionValues") or {}), "size": add.get("size")}
+        if add.get("stats"):
+            remove["stats"] = json.dumps({"numRecords": marks.live[path]}, separators=(",", ":"))
+        if add.get("tags"):
+            remove["tags"] = add["tags"]
+        if add.get("deletionVector"):
+            remove["deletionVector"] = {k: v for k, v in add["deletionVector"].items() if v is not None}
+        actions.append({"remove": remove})
+        if path in descriptors:
+            again = {k: v for k, v in add.items() if v is not None}
+            again["dataChange"] = True
+            again["deletionVector"] = descriptors[path]
+            if add.get("stats"):
+                stats = json.loads(add["stats"])
+                stats["tightBounds"] = False
+                again["stats"] = json.dumps(stats, separators=(",", ":"))
+            actions.append({"add": again})
+    if marks.rows is not None and marks.rows.num_rows:
+        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        buf = io.BytesIO()
+        pq.write_table(marks.rows, buf, compression="snappy")
+        data = buf.getvalue()
+        files.put_new(storage.join(gold, name), data)
+        actions.append({"add": {"path": name, "partitionValues": {}, "size": len(data), "modificationTime": now,
+                                "dataChange": True, "stats": json.dumps(file_stats(marks.rows),
+                                                                        separators=(",", ":"))}})
+    info = {"timestamp": now, "operation": "MERGE",
+            "operationParameters": {"predicate": json.dumps(["the key columns are equal"]),
+                                    "matchedPredicates": json.dumps([{"actionType": "delete"},
+                                                                     {"actionType": "update"}]),
+                                    "notMatchedPredicates": json.dumps([{"actionType": "insert"}])},
+            "readVersion": marks.version, "isolationLevel": "Serializable", "isBlindAppend": False,
+            "operationMetrics": {k: str(v) for k, v in marks.metrics.items()}, "engineInfo": ENGINE,
+            "txnId": str(uuid.uuid4()), "userMetadata": user_metadata}
+    lines = [{"commitInfo": info}, {"txn": {"appId": app_id, "version": txn_version, "lastUpdated": now}}, *actions]
+    version = marks.version + 1
+    entry = storage.join(gold, "_delta_log", f"{version:020d}.json")
+    try:
+        files.put_new(entry, "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n")
+    except FileExistsError:
+        raise MergeError(f"{gold}: another writer committed version {version} during this merge; run the sync "
+                         "again (it resumes from gold's watermark)") from None
+    if version % max(marks.checkpoint_interval, 1) == 0:  # as Spark would after its own commit
+        try:
+            delta_rs_table(gold).create_checkpoint()  # (delta-rs writes each file's vector into it)
+        except Exception as e:  # the commit stands; the next checkpoint covers it
+            log.warning("%s: no checkpoint at version %d (%s: %s)", gold, version, type(e).__name__, e)
+    return version
+
+
+def file_stats(rows: Any) -> dict[str, Any]:
+    """A new file's Delta statistics: numRecords, nullCount of every top-level column, minValues/maxValues of its
+    integer, date and string (values of at most 32 characters) columns."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lo: dict[str, Any] = {}
+    hi: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for f in rows.schema:
+        col = rows.column(f.name)
+        if pa.types.is_nested(f.type):
+            continue
+        nulls[f.name] = col.null_count
+        if col.null_count == len(col):
+            continue
+        if pa.types.is_integer(f.type):
+            mm = pc.min_max(col).as_py()
+            lo[f.name], hi[f.name] = mm["min"], mm["max"]
+        elif pa.types.is_date32(f.type):
+            mm = pc.min_max(col).as_py()
+            lo[f.name], hi[f.name] = (d.isoformat() if isinstance(d, dt.date) else d for d in (mm["min"], mm["max"]))
+        elif pa.types.is_string(f.type) or pa.types.is_large_string(f.type):
+            if pc.max(pc.utf8_length(col)).as_py() <= _STRING_STAT_CHARS:
+                mm = pc.min_max(col).as_py()
+                lo[f.name], hi[f.name] = mm["min"], mm["max"]
+    return {"numRecords": rows.num_rows, "minValues": lo, "maxValues": hi, "nullCount": nulls}
