@@ -69,6 +69,7 @@ from slotlake_dev.pgbench import pgbench, pgbench_db  # noqa: E402
 from sparkserver import free_port, spark_server  # noqa: E402  (tests/sparkserver.py)
 
 TABLES = ["public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers", "public.pgbench_history"]
+KEYED = TABLES[:3]  # pgbench_history has no key: its inserts are appends, which deletion vectors do not change
 CHANGES_PER_TXN = 4  # tpcb-like: UPDATE accounts, tellers, branches; INSERT history
 
 
@@ -76,7 +77,7 @@ def _config(lake: str, dsn: str, server: str | None = None, event_log: str | Non
             conf: dict[str, str] | None = None, tables: list[str] | None = None, deletion_vectors: bool = False,
             in_process_bytes: int | None = None):
     """The Spark apps read the config from a file, so the bench writes one next to the lake (`conf`: spark.conf,
-    `tables`: the source's table list, TABLES by default; `deletion_vectors`: the source's option of that name;
+    `tables`: the source's table list, TABLES by default; `deletion_vectors`: that option for the keyed tables;
     `in_process_bytes`: spark.in_process_bytes, None for its default)."""
     path = Path(lake).parent / "slotlake.yaml"
     if not path.exists():
@@ -87,7 +88,8 @@ def _config(lake: str, dsn: str, server: str | None = None, event_log: str | Non
             spark["conf"].update({"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_log})
         path.write_text(json.dumps({"lake": lake, "spark": spark,
                                     "sources": {"bench": {"dsn": dsn, "tables": tables or TABLES,
-                                                          "deletion_vectors": deletion_vectors}}}))  # JSON is YAML
+                                                          "deletion_vectors": KEYED if deletion_vectors
+                                                          else False}}}))  # JSON is YAML
     return load_config(str(path))
 
 
@@ -270,7 +272,8 @@ def main() -> None:
                     help="run the Spark apps in a `slotlake spark-server` (spark.server) started before the first "
                          "sync: its start-up is reported apart, the stages pay no JVM start")
     ap.add_argument("--deletion-vectors", action="store_true",
-                    help="config `deletion_vectors: true`: gold MERGEs mark changed rows instead of rewriting files "
+                    help="config `deletion_vectors: [the keyed tables]`: gold MERGEs mark changed rows instead of "
+                         "rewriting files "
                          "(with --scale 100: what a small batch into a 10 M-row table costs)")
     ap.add_argument("--small-keys", choices=("random", "recent"), default="random",
                     help="the accounts the 1,000-change syncs update: random (pgbench's tpcb-like, default) or "

@@ -1,8 +1,10 @@
 """Gold tables with deletion vectors (config `deletion_vectors`), merged in `slotlake sync`'s own process
 (merge/dv_merge.py): a keyed batch marks gold's changed rows in deletion vectors and adds one file of new rows; no
-row of gold is rewritten. Next to the same changes through Spark's MERGE (`spark.in_process_bytes: 0`) from the
-same database: both lakes' gold equal PostgreSQL and each other; Spark merges on top of the vectors written here
-and this process on top of Spark's; delta-rs and Spark read every table alike (the suite's reader check)."""
+row of gold is rewritten; a FULL-identity table's new rows are one appended file. Next to the same changes through
+Spark's MERGE (`spark.in_process_bytes: 0`) from the same database: both lakes' gold equal PostgreSQL and each
+other; Spark merges on top of the vectors written here and this process on top of Spark's, also from a checkpoint
+(delta-rs's, and the one written here at version 10); delta-rs and Spark read every table alike (the suite's reader
+check, after the test)."""
 from __future__ import annotations
 
 import collections
@@ -28,6 +30,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.slow]
 
 IN_PROCESS, SPARK = "inproc", "viaspark"
 TABLE = "public.items"
+FULL = "public.hist"  # REPLICA IDENTITY FULL, no key: its new rows are appended here, any other change is Spark's
 
 
 def write_configs(tmp_path: Path, dsn: str) -> tuple[Path, Path]:
@@ -38,8 +41,8 @@ def write_configs(tmp_path: Path, dsn: str) -> tuple[Path, Path]:
             spark["in_process_bytes"] = in_process_bytes
         cfg = tmp_path / f"{source}.yaml"
         cfg.write_text(json.dumps({"lake": str(tmp_path / f"lake_{source}"), "spark": spark,
-                                   "sources": {source: {"dsn": dsn, "tables": [TABLE],
-                                                        "deletion_vectors": [TABLE]}}}))
+                                   "sources": {source: {"dsn": dsn, "tables": [TABLE, FULL],
+                                                        "deletion_vectors": True}}}))
         out.append(cfg)
     return out[0], out[1]
 
@@ -56,8 +59,8 @@ def files_of(path: str) -> dict:
     return files
 
 
-def gold(tmp_path: Path, source: str) -> str:
-    return LakePaths.of(str(tmp_path / f"lake_{source}"), source).gold("public", "items")
+def gold(tmp_path: Path, source: str, table: str = TABLE) -> str:
+    return LakePaths.of(str(tmp_path / f"lake_{source}"), source).gold(*table.split("."))
 
 
 def rows(path: str) -> collections.Counter:
@@ -75,8 +78,12 @@ def test_keyed_batches_mark_rows_in_deletion_vectors_without_spark(pg_db, tmp_pa
         conn.execute("INSERT INTO items SELECT g, 'n' || g, g * 10, DATE '2024-01-01' + g % 300, "
                      "TIMESTAMPTZ '2024-01-01 00:00:00+00' + g * interval '1 s', g * 1.25, NULL "
                      "FROM generate_series(1, 5000) g")
+        conn.execute("CREATE TABLE hist (a int, b text)")
+        conn.execute("ALTER TABLE hist REPLICA IDENTITY FULL")
+        conn.execute("INSERT INTO hist SELECT g % 10, 'seed' FROM generate_series(1, 30) g")
     cfg, spark_cfg = write_configs(tmp_path, pg_db)
     ours, theirs = gold(tmp_path, IN_PROCESS), gold(tmp_path, SPARK)
+    hist = gold(tmp_path, IN_PROCESS, FULL)
 
     def both(statements: list[str], *, here: bool | None = True) -> dict:
         with psycopg.connect(pg_db, autocommit=True) as conn:
@@ -92,6 +99,9 @@ def test_keyed_batches_mark_rows_in_deletion_vectors_without_spark(pg_db, tmp_pa
         assert_gold_equals_pg(ours, pg_db, TABLE)
         assert_gold_equals_pg(theirs, pg_db, TABLE)
         assert rows(ours) == rows(theirs)
+        assert_gold_equals_pg(hist, pg_db, FULL)
+        assert_gold_equals_pg(gold(tmp_path, SPARK, FULL), pg_db, FULL)
+        assert rows(hist) == rows(gold(tmp_path, SPARK, FULL))
         return json.loads(out.stdout)
 
     def in_process_only(statements: list[str]) -> None:
@@ -103,7 +113,7 @@ def test_keyed_batches_mark_rows_in_deletion_vectors_without_spark(pg_db, tmp_pa
         assert_gold_equals_pg(ours, pg_db, TABLE)
 
     both([], here=None)  # the initial copies (Spark loads them, deletion vectors on)
-    assert deletion_vectors(ours) and deletion_vectors(theirs)
+    assert deletion_vectors(ours) and deletion_vectors(theirs) and deletion_vectors(hist)
     files_before = set(delta_log.snapshot(ours).files)
     big = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 300))"
     report = both(["UPDATE items SET name = 'u' || id WHERE id % 97 = 0",
@@ -111,7 +121,8 @@ def test_keyed_batches_mark_rows_in_deletion_vectors_without_spark(pg_db, tmp_pa
                    "DELETE FROM items WHERE id % 101 = 0",
                    "INSERT INTO items (id, name) SELECT g, 'new' FROM generate_series(6000, 6049) g",
                    "DELETE FROM items WHERE id = 6001",  # inserted and deleted in the batch
-                   f"UPDATE items SET big = {big} WHERE id IN (3, 4, 5)"])
+                   f"UPDATE items SET big = {big} WHERE id IN (3, 4, 5)",
+                   "INSERT INTO hist VALUES (100, 'new'), (100, 'new'), (101, NULL)"])  # appended, copies numbered
     merged = {m["table"]: m for m in report["merged"]}[TABLE]
     newest = next(delta_log.commits(ours))
     assert newest.engine == ENGINE and newest.operation == "MERGE", newest
@@ -122,6 +133,8 @@ def test_keyed_batches_mark_rows_in_deletion_vectors_without_spark(pg_db, tmp_pa
     after = delta_log.snapshot(ours)
     assert files_before <= set(after.files) and len(after.files) == len(files_before) + 1
     assert any(a.get("deletionVector") for a in after.files.values())
+    appended = next(delta_log.commits(hist))
+    assert (appended.engine, appended.operation, appended.metrics["numOutputRows"]) == (ENGINE, "WRITE", 3)
 
     # unchanged TOAST values (gold's, and an earlier change's of the batch), key changes, a key taken again
     both(["UPDATE items SET name = 'toast' WHERE id = 3",
@@ -131,9 +144,10 @@ def test_keyed_batches_mark_rows_in_deletion_vectors_without_spark(pg_db, tmp_pa
           "INSERT INTO items (id, name) VALUES (10, 'back at 10')", "UPDATE items SET name = 'x' WHERE id = 6000"])
     # a batch Spark merges, on top of the vectors written here (a key change of a row with an unchanged TOAST
     # value), then this process again on top of Spark's
-    both(["UPDATE items SET id = 7000 WHERE id = 3"], here=False)
+    both(["UPDATE items SET id = 7000 WHERE id = 3", "DELETE FROM hist WHERE a = 1"], here=False)
     assert next(delta_log.commits(ours)).engine != ENGINE
-    both(["UPDATE items SET name = 'after spark' WHERE id IN (7000, 4, 11, 12)", "DELETE FROM items WHERE id = 13"])
+    both(["UPDATE items SET name = 'after spark' WHERE id IN (7000, 4, 11, 12)", "DELETE FROM items WHERE id = 13",
+          "INSERT INTO hist VALUES (102, 'after spark')"])
     # from a checkpoint (delta-rs's, with each file's vector) and the commits after it
     deltalake.DeltaTable(ours).create_checkpoint()
     assert delta_log.snapshot(ours).files == files_of(ours)

@@ -7,7 +7,8 @@ deletion vectors would (PROTOCOL.md, "Deletion Vectors"):
 1. `plan_marks`: from the table's log (`delta_log.snapshot`) the live files and their deletion vectors; the files
    whose key statistics may hold a key of the batch; in each, the key columns (only those) read with pyarrow, the
    rows already deleted left out, joined with the batch's keys: the rows each key's last event replaces or deletes.
-   Unchanged TOAST values are read from gold's matched rows (only those columns, only those files).
+   Unchanged TOAST values are read from gold's matched rows (only those columns, only those files). `plan_append`:
+   a batch of new rows only (a table without a key, FULL-identity rows gold does not hold), nothing marked.
 2. `commit_marks`: one `deletion_vector_<uuid>.bin` with each touched file's new vector (its old rows and the new
    ones), one Parquet file with the rows the batch writes (updates' new versions, inserts), then the log entry,
    written only if its version is free (`Files.put_new`: a hard link locally, a conditional PUT on S3): per touched
@@ -66,6 +67,7 @@ class Marks:
     rows: Any = None  # pyarrow Table in gold's schema: the rows the batch writes (None: none)
     metrics: dict[str, int] = field(default_factory=dict)
     checkpoint_interval: int = CHECKPOINT_INTERVAL  # the table's `delta.checkpointInterval`
+    operation: str = "MERGE"  # or WRITE: an append (no file touched)
 
 
 def writable(gold: str) -> str | None:
@@ -95,6 +97,30 @@ def _unsupported(snap: delta_log.Snapshot) -> str | None:
     return None
 
 
+def _writable_snapshot(gold: str) -> delta_log.Snapshot:
+    snap = delta_log.snapshot(gold)
+    if snap is None:
+        raise CannotMark("gold's log cannot be replayed here")
+    why = _unsupported(snap)
+    if why:
+        raise CannotMark(why)
+    return snap
+
+
+def _interval(snap: delta_log.Snapshot) -> int:
+    conf = dict(snap.metadata.get("configuration") or {})
+    return int(conf.get("delta.checkpointInterval", CHECKPOINT_INTERVAL))
+
+
+def plan_append(gold: str, rows: Any) -> Marks:
+    """An append of `rows` (gold's schema) to `gold`: one new file, no row marked (a table without a key, or a
+    FULL-identity batch of rows gold does not hold)."""
+    snap = _writable_snapshot(gold)
+    return Marks(snap.version, adds=snap.files, rows=rows if rows.num_rows else None, operation="WRITE",
+                 checkpoint_interval=_interval(snap),
+                 metrics={"numFiles": 1 if rows.num_rows else 0, "numOutputRows": rows.num_rows})
+
+
 def plan_marks(gold: str, plan: TablePlan, source: Any, target: Any) -> Marks:
     """The marks and rows of a `_keyed_source` table `source` (one row per key: `__k{j}`, `__action` D|U, `__v{i}`,
     `__lsn`, `__ts`, `__u{i}`: keep gold's value) against `gold`, whose Arrow schema is `target`. Reads only key
@@ -104,12 +130,7 @@ def plan_marks(gold: str, plan: TablePlan, source: Any, target: Any) -> Marks:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    snap = delta_log.snapshot(gold)
-    if snap is None:
-        raise CannotMark("gold's log cannot be replayed here")
-    why = _unsupported(snap)
-    if why:
-        raise CannotMark(why)
+    snap = _writable_snapshot(gold)
     cols = plan.shape.columns
     knames = [cols[k] for k in plan.key_positions]
     extra = set(target.names) - set(cols) - {LSN_COL, COMMIT_TS_COL}
@@ -118,9 +139,7 @@ def plan_marks(gold: str, plan: TablePlan, source: Any, target: Any) -> Marks:
     keys = pa.table([source.column(f"__k{j}").cast(target.field(c).type) for j, c in enumerate(knames)],
                     names=[f"k{j}" for j in range(len(knames))])
     keys = keys.append_column("__src", pa.array(np.arange(source.num_rows, dtype=np.int64)))
-    conf = dict(snap.metadata.get("configuration") or {})
-    marks = Marks(snap.version, adds=snap.files,
-                  checkpoint_interval=int(conf.get("delta.checkpointInterval", CHECKPOINT_INTERVAL)))
+    marks = Marks(snap.version, adds=snap.files, checkpoint_interval=_interval(snap))
     fs, root = storage.arrow_files(gold)
     dv_files: dict[str, bytes] = {}
     matched = []
@@ -265,10 +284,12 @@ def commit_marks(gold: str, marks: Marks, *, app_id: str, txn_version: int, user
     partial = [p for p, v in sorted(marks.touched.items()) if len(v) < marks.live[p]]
     actions: list[dict[str, Any]] = []
     descriptors: dict[str, dict[str, Any]] = {}
+    written = 0
     if partial:
         file_id = uuid.uuid4()
         content, descs = dv_codec.build_file([marks.touched[p] for p in partial], file_id)
         files.put_new(storage.join(gold, dv_codec.file_name(file_id)), content)
+        written += len(content)
         descriptors = dict(zip(partial, descs))
     for path in sorted(marks.touched):
         add = marks.adds[path]
@@ -296,16 +317,22 @@ def commit_marks(gold: str, marks: Marks, *, app_id: str, txn_version: int, user
         pq.write_table(marks.rows, buf, compression="snappy")
         data = buf.getvalue()
         files.put_new(storage.join(gold, name), data)
+        written += len(data)
         actions.append({"add": {"path": name, "partitionValues": {}, "size": len(data), "modificationTime": now,
                                 "dataChange": True, "stats": json.dumps(file_stats(marks.rows),
                                                                         separators=(",", ":"))}})
-    info = {"timestamp": now, "operation": "MERGE",
-            "operationParameters": {"predicate": json.dumps(["the key columns are equal"]),
-                                    "matchedPredicates": json.dumps([{"actionType": "delete"},
-                                                                     {"actionType": "update"}]),
-                                    "notMatchedPredicates": json.dumps([{"actionType": "insert"}])},
-            "readVersion": marks.version, "isolationLevel": "Serializable", "isBlindAppend": False,
-            "operationMetrics": {k: str(v) for k, v in marks.metrics.items()}, "engineInfo": ENGINE,
+    if marks.operation == "WRITE":
+        parameters = {"mode": "Append", "partitionBy": "[]"}
+        metrics = {**marks.metrics, "numOutputBytes": written}
+    else:
+        parameters = {"predicate": json.dumps(["the key columns are equal"]),
+                      "matchedPredicates": json.dumps([{"actionType": "delete"}, {"actionType": "update"}]),
+                      "notMatchedPredicates": json.dumps([{"actionType": "insert"}])}
+        metrics = {**marks.metrics, "numTargetBytesAdded": written}
+    info = {"timestamp": now, "operation": marks.operation, "operationParameters": parameters,
+            "readVersion": marks.version, "isolationLevel": "Serializable",
+            "isBlindAppend": marks.operation == "WRITE",
+            "operationMetrics": {k: str(v) for k, v in metrics.items()}, "engineInfo": ENGINE,
             "txnId": str(uuid.uuid4()), "userMetadata": user_metadata}
     lines = [{"commitInfo": info}, {"txn": {"appId": app_id, "version": txn_version, "lastUpdated": now}}, *actions]
     version = marks.version + 1

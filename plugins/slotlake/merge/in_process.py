@@ -8,10 +8,11 @@ is up to date for it).
 
 Merged here, per table with changes: a gold table that exists and that delta-rs writes (a local or s3a lake: on S3
 the silver and gold files are read with pyarrow's S3 file system, `storage.arrow_files`, and every commit is a
-conditional PUT of its log entry, `storage.delta_rs_options`; no column mapping, no deletion vectors, no copy
-snapshot to filter by), whose columns are what the batch's one column layout
-plans (no schema change, no DDL event since its watermark), with hard deletes, no history table, column types
-`arrow_values` reads exactly, and one of:
+conditional PUT of its log entry, `storage.delta_rs_options`; no column mapping, no copy snapshot to filter by;
+deletion vectors only as the config asks, and then no TRUNCATE and no FULL-identity MERGE: merge/dv_merge.py
+writes the commit, gold's changed rows marked deleted, not rewritten, or one appended file), whose columns are
+what the batch's one column layout plans (no schema change, no DDL event since its watermark), with hard
+deletes, no history table, column types `arrow_values` reads exactly, and one of:
 
     KEYED        not both a key change and an unchanged TOAST value: each key's last event is its
                  final state, one MERGE (delete / update / insert). A key change is a delete at its old key and
@@ -329,26 +330,29 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
         _prepare_truncated(t, plan, batch)
         return t
     changes = _changes(batch)
-    if t.marked and plan.strategy is not KeyStrategy.KEYED:
-        raise Declined(f"{name}: gold has deletion vectors and no key")
     if plan.strategy is KeyStrategy.KEYED:
         t.source = _keyed_source(plan, changes, gold, holds=not t.marked)
-        if t.marked:
-            import pyarrow as pa
-
-            from slotlake.merge.watermarks import delta_rs_table
-
-            try:
-                t.marks = dv_merge.plan_marks(gold, plan, t.source, pa.schema(delta_rs_table(gold).schema().to_arrow()))
-            except dv_merge.CannotMark as why:
-                raise Declined(f"{name}: {why}") from None
     elif plan.strategy is KeyStrategy.INSERT_ONLY:
         t.source, t.append = _append_rows(plan, changes, numbered=False), True
         t.unapplied = g.ud
     elif g.plain == g.n and not _gold_holds_any(gold, plan, rows := _append_rows(plan, changes, numbered=True)):
+        # (in a table with deletion vectors the rows a vector deletes count as held: such a batch declines)
         t.source, t.append = rows, True  # new rows only: copies numbered from 1
+    elif t.marked:
+        raise Declined(f"{name}: gold has deletion vectors, and the batch changes rows of a FULL-identity table")
     else:
         t.source = _full_source(plan, changes, gold)
+    if t.marked:  # the commit merge/dv_merge.py writes: rows marked (KEYED) or one appended file
+        import pyarrow as pa
+
+        from slotlake.merge.watermarks import delta_rs_table
+
+        target = pa.schema(delta_rs_table(gold).schema().to_arrow())
+        try:
+            t.marks = dv_merge.plan_append(gold, t.source.select(target.names).cast(target)) if t.append \
+                else dv_merge.plan_marks(gold, plan, t.source, target)
+        except dv_merge.CannotMark as why:
+            raise Declined(f"{name}: {why}") from None
     return t
 
 
@@ -869,12 +873,12 @@ def _commit(src: SourceConfig, t: _Table, end: Lsn) -> tuple[int, dict[str, int]
         if t.truncate:  # gold's whole new content, in one commit (none: a TRUNCATE was the last change)
             data = target.empty_table() if t.source is None else t.source.select(target.names).cast(target)
             write_deltalake(table, data, mode="overwrite", commit_properties=props)
-        elif t.append:
-            data = t.source.select(target.names).cast(target)
-            write_deltalake(table, data, mode="append", commit_properties=props)
         elif t.marks is not None:
             dv_merge.commit_marks(t.gold, t.marks, app_id=app_id, txn_version=int(end),
                                   user_metadata=stage_metadata(end, "merge"))
+        elif t.append:
+            data = t.source.select(target.names).cast(target)
+            write_deltalake(table, data, mode="append", commit_properties=props)
         else:
             assert t.plan is not None
             _merge(table, t.plan, t.source, props)
