@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from slotlake import contracts, delta_log, storage
+from slotlake import contracts, delta_log
 from slotlake.contracts import STAGE_CATALOG, CommitMeta
 from slotlake.lsn import Lsn
 
@@ -192,10 +192,7 @@ def read_catalog(spark, path: str) -> list[CatalogVersion]:
     from delta.tables import DeltaTable
 
     if delta_log.readable(path) and delta_log.has_commits(path):
-        from deltalake import DeltaTable as RsTable
-
-        uri, options = storage.delta_rs_table_args(path)
-        rows = RsTable(uri, storage_options=options).to_pyarrow_table().to_pylist()
+        rows = delta_log.delta_rs_table(path).to_pyarrow_table().to_pylist()
     elif not DeltaTable.isDeltaTable(spark, path):
         return []
     else:

@@ -52,6 +52,16 @@ class DeltaCommit:
         return self.meta.stage if self.meta is not None else None
 
 
+def delta_rs_table(path: str, version: int | None = None) -> Any:
+    """The lake table at `path` opened with delta-rs (`deltalake.DeltaTable`, as of `version`, else its latest), on
+    a local lake or an s3a one (`storage.delta_rs_table_args`: the URI and storage options). Every delta-rs read
+    of a lake table opens it here."""
+    from deltalake import DeltaTable
+
+    uri, options = storage.delta_rs_table_args(path)
+    return DeltaTable(uri, version=version, storage_options=options or None)
+
+
 def local_path(path: str) -> Path:
     """A local lake path as a Path (`storage.local_path`)."""
     return storage.local_path(path)

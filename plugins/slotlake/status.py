@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from slotlake import storage
+from slotlake import delta_log
 from slotlake.config import Config
 from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths
@@ -90,16 +90,14 @@ def run_rows(cfg: Config, source_name: str, last_runs: int = 20) -> list[dict[st
     Each row has every column of contracts.RUNS (None where an older `_runs` table has no such column yet) with
     `run_end_lsn` as an Lsn's text and timestamps as aware UTC datetimes. [] when no run has finished yet."""
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     from slotlake.contracts import RUNS, names
 
     cfg.source(source_name)
     path = LakePaths.of(cfg.lake, source_name).runs
-    uri, options = storage.delta_rs_table_args(path)
     try:
-        dataset = DeltaTable(uri, storage_options=options).to_pyarrow_dataset()
+        dataset = delta_log.delta_rs_table(path).to_pyarrow_dataset()
     except TableNotFoundError:
         return []
     ends = sorted(set(dataset.to_table(columns=["run_end_lsn"]).column("run_end_lsn").to_pylist()))[-last_runs:]

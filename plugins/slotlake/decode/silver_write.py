@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from slotlake import contracts, storage
+from slotlake import contracts, delta_log, storage
 from slotlake.decode.decoded import KIND_CHANGE
 from slotlake.decode.layouts import META_LAYOUTS, LayoutScan
 
@@ -203,17 +203,17 @@ def commit(changes_path: str, files: Sequence[Mapping[str, Any]], *, app_id: str
     False when a commit of that transaction is there already (nothing written). `overwrite`: the commit also
     removes every file the table held (a replay's own changes table, rewritten each time); False, writing nothing,
     when that table's schema is not silver's (the caller rewrites it with Spark's schema overwrite)."""
-    from deltalake import DeltaTable, Schema
+    from deltalake import Schema
     from deltalake.exceptions import TableNotFoundError
     from deltalake.transaction import AddAction, RemoveAction, Transaction, create_table_with_add_actions
 
     adds, props = _adds_and_props(files, user_metadata, app_transactions=[Transaction(app_id, version)]
                                   if app_id is not None and version is not None else None)
     silver = contracts.arrow_schema(contracts.SILVER)
-    uri, options = storage.delta_rs_table_args(changes_path)  # an s3a lake: conditional PUTs (storage.py)
     try:
-        table = DeltaTable(uri, storage_options=options or None)
+        table = delta_log.delta_rs_table(changes_path)  # an s3a lake: conditional PUTs (storage.py)
     except TableNotFoundError:
+        uri, options = storage.delta_rs_table_args(changes_path)
         create_table_with_add_actions(uri, Schema.from_arrow(silver), adds, mode="append",
                                       configuration=dict(properties), storage_options=options or None,
                                       commit_properties=props)
@@ -237,14 +237,12 @@ def replace_files(changes_path: str, files: Sequence[Mapping[str, Any]], removed
     as `commit` takes them) and removes the files `removed` (paths relative to the table): an in-place
     replay's re-decoded rows in place of the ones they re-derive. No idempotent-write transaction (a second
     replay rewrites the same rows)."""
-    from deltalake import DeltaTable
     from deltalake.transaction import AddAction, RemoveAction
 
     adds, props = _adds_and_props(files, user_metadata, removed=len(removed))
     now = int(time.time() * 1000)
     actions: list[AddAction | RemoveAction] = [*adds, *(RemoveAction(path, True, now) for path in removed)]
-    uri, options = storage.delta_rs_table_args(changes_path)
-    table = DeltaTable(uri, storage_options=options or None)
+    table = delta_log.delta_rs_table(changes_path)
     table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=props)
 
 

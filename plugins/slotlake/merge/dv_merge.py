@@ -38,7 +38,6 @@ from slotlake.contracts import COMMIT_TS_COL, LSN_COL
 from slotlake.errors import MergeError
 from slotlake.merge import dv_codec
 from slotlake.merge.plan import TablePlan
-from slotlake.merge.watermarks import delta_rs_table
 
 log = logging.getLogger(__name__)
 
@@ -344,7 +343,7 @@ def commit_marks(gold: str, marks: Marks, *, app_id: str, txn_version: int, user
                          "again (it resumes from gold's watermark)") from None
     if version % max(marks.checkpoint_interval, 1) == 0:  # as Spark would after its own commit
         try:
-            delta_rs_table(gold).create_checkpoint()  # (delta-rs writes each file's vector into it)
+            delta_log.delta_rs_table(gold).create_checkpoint()  # (delta-rs writes each file's vector into it)
         except Exception as e:  # the commit stands; the next checkpoint covers it
             log.warning("%s: no checkpoint at version %d (%s: %s)", gold, version, type(e).__name__, e)
     return version

@@ -90,9 +90,7 @@ def open_dataset(path: str, version: int | None = None):
     own errors propagate."""
     import pyarrow.dataset as ds
 
-    from slotlake.merge.watermarks import delta_rs_table
-
-    table = delta_rs_table(path, version)
+    table = delta_log.delta_rs_table(path, version)
     props = table.metadata().configuration or {}
     if props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true" \
             or "deletionVectors" in (table.protocol().reader_features or []):
@@ -345,9 +343,7 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     if t.marked:  # the commit merge/dv_merge.py writes: rows marked (KEYED) or one appended file
         import pyarrow as pa
 
-        from slotlake.merge.watermarks import delta_rs_table
-
-        target = pa.schema(delta_rs_table(gold).schema().to_arrow())
+        target = pa.schema(delta_log.delta_rs_table(gold).schema().to_arrow())
         try:
             t.marks = dv_merge.plan_append(gold, t.source.select(target.names).cast(target)) if t.append \
                 else dv_merge.plan_marks(gold, plan, t.source, target)
@@ -390,12 +386,10 @@ def _prepare_truncated(t: _Table, plan: TablePlan, batch) -> None:
 
 
 def _check_gold_schema(gold: str, plan: TablePlan) -> None:
-    from slotlake.merge.watermarks import delta_rs_table
-
     want = [(f.name, delta_type(f.type)) for f in plan.gold_schema]
     if any(tp is None for _, tp in want) or not all(_PLAIN_NAME.match(n) for n, _ in want):
         raise Declined(f"{plan.shape.qualified}: a column type or name this merge does not handle")
-    have = [(f.name, getattr(f.type, "type", None)) for f in delta_rs_table(gold).schema().fields]
+    have = [(f.name, getattr(f.type, "type", None)) for f in delta_log.delta_rs_table(gold).schema().fields]
     if have != want:
         raise Declined(f"{plan.shape.qualified}: gold's columns are not the batch's")
 
@@ -809,11 +803,9 @@ def _files_that_may_hold(gold: str, plan: TablePlan, rows) -> list[tuple[str, in
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from slotlake.merge.watermarks import delta_rs_table
-
     if not rows.num_rows:
         return []
-    actions = pa.table(delta_rs_table(gold).get_add_actions(flatten=True))
+    actions = pa.table(delta_log.delta_rs_table(gold).get_add_actions(flatten=True))
     if not actions.num_rows:
         return []
 
@@ -860,11 +852,9 @@ def _commit(src: SourceConfig, t: _Table, end: Lsn) -> tuple[int, dict[str, int]
     from deltalake import write_deltalake
     from deltalake.transaction import CommitProperties, Transaction
 
-    from slotlake.merge.watermarks import delta_rs_table
-
     assert t.truncate or (t.plan is not None and t.source is not None)
     app_id = merge_app_id(src.name, t.name.schema, t.name.name)
-    table = delta_rs_table(t.gold)
+    table = delta_log.delta_rs_table(t.gold)
     done = table.transaction_version(app_id)
     if done is None or done < int(end):
         props = CommitProperties(custom_metadata={"userMetadata": stage_metadata(end, "merge")},

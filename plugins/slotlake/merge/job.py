@@ -80,7 +80,6 @@ from slotlake.merge.typed_values import always_exact
 from slotlake.merge.typing_job import ensure_quarantine, ensure_table, has_bad_value, quarantine_bad_values
 from slotlake.merge.visibility_job import not_seen_by_copy
 from slotlake.merge.watermarks import (
-    delta_rs_table,
     delta_state,
     local_files,
     runs_tables_at,
@@ -302,7 +301,7 @@ def _append_runs_directly(runs_path: str, rows: Sequence[tuple], end: Lsn, user_
 
     schema = contracts.arrow_schema(RUNS_SCHEMA)
     try:
-        table = delta_rs_table(runs_path)
+        table = delta_log.delta_rs_table(runs_path)
         if [f.name for f in table.schema().fields] != schema.names:
             return False
         data = pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema=schema)

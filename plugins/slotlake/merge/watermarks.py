@@ -88,15 +88,6 @@ def delta_watermark(spark: SparkSession, path: str) -> Lsn | None:
     return delta_state(spark, path).watermark
 
 
-def delta_rs_table(path: str, version: int | None = None) -> Any:
-    """The lake table at `path` opened with delta-rs (`deltalake.DeltaTable`, as of `version`, else its latest), on
-    a local lake or an s3a one (`storage.delta_rs_table_args`)."""
-    from deltalake import DeltaTable
-
-    uri, options = storage.delta_rs_table_args(path)
-    return DeltaTable(uri, version=version, storage_options=options or None)
-
-
 def silver_file_stats(path: str) -> tuple[SilverFileStats, ...] | None:
     """Every file of the silver-shaped Delta table at `path` with its statistics (`merge/silver_stats.py`), read
     from its log with delta-rs (no Spark job); None when that is not possible here (no table, an object store
@@ -129,13 +120,11 @@ def _add_actions(path: str, what: str, instead: str) -> pa.Table | None:
     None, logged as `what` not read and done `instead`, when that is not possible here (no table, an object store
     delta-rs is not set up for, a log or reader feature it cannot read)."""
     import pyarrow as pa
-    from deltalake import DeltaTable
 
     if not delta_log.readable(path):
         return None
     try:
-        uri, options = storage.delta_rs_table_args(path)
-        return pa.table(DeltaTable(uri, storage_options=options).get_add_actions(flatten=True))
+        return pa.table(delta_log.delta_rs_table(path).get_add_actions(flatten=True))
     except Exception as e:  # any reason: the caller's Spark query is always right
         log.info("%s not read from %s with delta-rs (%s); %s", what, path, error_summary(e), instead)
         return None
@@ -162,15 +151,13 @@ def _logged_schema(path: str, what: str) -> dict | None:
     no table with commits there, or it cannot be read here (logged, naming `what` was not read)."""
     import json
 
-    from deltalake import DeltaTable
 
     if not delta_log.readable(path):
         return None
     try:
         if not delta_log.is_delta_table(path) or not delta_log.has_commits(path):
             return None
-        uri, options = storage.delta_rs_table_args(path)
-        return json.loads(DeltaTable(uri, storage_options=options).schema().to_json())
+        return json.loads(delta_log.delta_rs_table(path).schema().to_json())
     except Exception as e:  # any reason: Spark's answer is always right
         log.info("the %s of %s not read from its log (%s); Spark reads them", what, path, error_summary(e))
         return None
@@ -222,16 +209,13 @@ def _runs_columns(runs_path: str, columns: Sequence[str], where=None) -> dict[st
     """`columns` of `_runs`'s rows (those matching the pyarrow expression `where`: Parquet statistics skip the
     other files), read with delta-rs (no Spark job); empty lists when there is no `_runs` table yet; None when it
     cannot be read here (the caller asks Spark)."""
-    from deltalake import DeltaTable
 
     if not delta_log.readable(runs_path):
         return None
     try:
         if not delta_log.is_delta_table(runs_path) or not delta_log.has_commits(runs_path):
             return {c: [] for c in columns}
-        uri, options = storage.delta_rs_table_args(runs_path)
-        rows = DeltaTable(uri, storage_options=options).to_pyarrow_dataset().to_table(columns=list(columns),
-                                                                                      filter=where)
+        rows = delta_log.delta_rs_table(runs_path).to_pyarrow_dataset().to_table(columns=list(columns), filter=where)
     except Exception as e:  # any reason: Spark's read is always right
         log.info("_runs not read from %s (%s); read with Spark", runs_path, error_summary(e))
         return None
@@ -262,13 +246,11 @@ def runs_ends(runs_path: str) -> dict[tuple[str, str], list[tuple[Lsn, int]]] | 
 def row_count(path: str) -> int | None:
     """The rows of the Delta table at `path`, from its files' statistics read with delta-rs (no Spark job); None
     when they cannot tell (no statistics, deletion vectors, a path delta-rs cannot open here)."""
-    from deltalake import DeltaTable
 
     if not delta_log.readable(path):
         return None
     try:
-        uri, options = storage.delta_rs_table_args(path)
-        table = DeltaTable(uri, storage_options=options)
+        table = delta_log.delta_rs_table(path)
         if "deletionVectors" in (table.protocol().reader_features or []):
             return None  # a file's count may include rows its vector deletes
         files = table.get_add_actions(flatten=True)

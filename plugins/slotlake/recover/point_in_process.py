@@ -142,9 +142,7 @@ def resolve_as_of(changes_path: str, point: Point) -> tuple[Lsn, datetime | None
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    from slotlake.merge.watermarks import delta_rs_table
-
-    data = delta_rs_table(changes_path).to_pyarrow_dataset(
+    data = delta_log.delta_rs_table(changes_path).to_pyarrow_dataset(
         parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
     lsns = data.to_table(columns=["commit_lsn"]).column("commit_lsn")
     first, last = pc.min(lsns).as_py(), pc.max(lsns).as_py()

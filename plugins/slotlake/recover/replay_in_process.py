@@ -142,11 +142,9 @@ def _resolve(changes_path: str, point: Point) -> Lsn:
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
-    from slotlake.merge.watermarks import delta_rs_table
-
     if isinstance(point, Lsn):
         return point
-    data = delta_rs_table(changes_path).to_pyarrow_dataset(
+    data = delta_log.delta_rs_table(changes_path).to_pyarrow_dataset(
         parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
     moment = pa.scalar(point, pa.timestamp("us", tz="UTC"))
     before = pc.max(data.to_table(columns=["commit_lsn"],
@@ -372,10 +370,8 @@ def _write_back(paths: LakePaths, rebuilt: dict[tuple[str, str], str], user_meta
     from deltalake.exceptions import SchemaMismatchError
     from deltalake.transaction import CommitProperties
 
-    from slotlake.merge.watermarks import delta_rs_table
-
     for (s, t), target in sorted(rebuilt.items()):
-        data = delta_rs_table(target).to_pyarrow_dataset(
+        data = delta_log.delta_rs_table(target).to_pyarrow_dataset(
             parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
         gold, options = storage.delta_rs_table_args(paths.gold(s, t))
         try:
@@ -458,12 +454,10 @@ def _ddl_between(paths: LakePaths, mark: Lsn, upto: Lsn) -> bool:
     """Whether `_ddl_log` holds an event of a commit in (mark, upto] (True when it cannot be read here)."""
     import pyarrow.dataset as ds
 
-    from slotlake.merge.watermarks import delta_rs_table
-
     if not delta_log.is_delta_table(paths.ddl_log):
         return False
     try:
-        rows = delta_rs_table(paths.ddl_log).to_pyarrow_dataset().to_table(
+        rows = delta_log.delta_rs_table(paths.ddl_log).to_pyarrow_dataset().to_table(
             columns=["commit_lsn"],
             filter=(ds.field("commit_end_lsn") > int(mark)) & (ds.field("commit_lsn") <= int(upto)))
     except Exception:  # any reason: the Spark replay reads it

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from slotlake import storage
+from slotlake import delta_log
 from slotlake.config import Config
 from slotlake.errors import SlotlakeError
 from slotlake.lake import LakePaths
@@ -123,13 +123,11 @@ def _utc(ts: datetime) -> datetime:
 
 def open_silver(cfg: Config, source: str):
     """The source's silver changes as a delta-rs DeltaTable; TransactionsError when there is none yet."""
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
     path = LakePaths.of(cfg.lake, source).changes
     try:
-        uri, options = storage.delta_rs_table_args(path)
-        return DeltaTable(uri, storage_options=options)
+        return delta_log.delta_rs_table(path)
     except TableNotFoundError:
         raise TransactionsError(f"{source}: nothing is decoded yet ({path}); run `slotlake sync {source}` "
                                 "first") from None

@@ -35,7 +35,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from slotlake import storage
+from slotlake import delta_log, storage
 from slotlake.config import Config
 from slotlake.contracts import STAGE_DECODE, CommitMeta
 from slotlake.errors import SlotlakeError
@@ -376,14 +376,10 @@ def find_transaction(cfg: Config, source: str, xid: int | None = None,
 def catalog_types(cfg: Config, source: str, rel_oid: int, at: Lsn) -> dict[str, str | None]:
     """Column name -> `_catalog` type name of the table version valid at `at` (empty when unknown)."""
     import pyarrow.dataset as ds
-    from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
 
-    from slotlake import storage
-
-    uri, options = storage.delta_rs_table_args(LakePaths.of(cfg.lake, source).catalog)
     try:
-        cat = DeltaTable(uri, storage_options=options).to_pyarrow_dataset()
+        cat = delta_log.delta_rs_table(LakePaths.of(cfg.lake, source).catalog).to_pyarrow_dataset()
     except TableNotFoundError:
         return {}
     rows = cat.to_table(columns=["version", "valid_from_lsn", "columns"],
