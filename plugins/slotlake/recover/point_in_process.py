@@ -21,7 +21,6 @@ a Python value for the COPY (the transaction is rolled back first). The checks o
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -82,7 +81,7 @@ def recover_in_process(cfg: Config, req: RecoverRequest, password: str | None = 
     """`run_recover` without Spark (module doc); None when it declines (the reason logged). Raises RecoverError as
     `run_recover` does."""
     from slotlake.catalog import read_catalog
-    from slotlake.recover.replay_in_process import replay_in_process
+    from slotlake.recover.replay_in_process import replay_in_process, scratch_folder
 
     started = time.monotonic()
     source = req.source
@@ -103,8 +102,7 @@ def recover_in_process(cfg: Config, req: RecoverRequest, password: str | None = 
         if there:
             raise RecoverError(f"recover {source}: {', '.join(there)} already exist(s) under {req.to_delta}; pass "
                                "--replace to overwrite, or choose another --to")
-    # an s3a lake's scratch tables in a local temporary folder (written and read only here), as the replay's
-    scratch = tempfile.mkdtemp(prefix="slotlake-recover-") if storage.is_s3(paths.root) else paths.scratch("recover")
+    scratch = scratch_folder(paths, "recover")
     try:
         # A table whose history table covers L is read from it (no re-decode); the others are rebuilt by replay.
         from_history = tuple(t for t in req.tables if _history_covers(paths, t, lsn))

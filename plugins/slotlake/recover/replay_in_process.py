@@ -55,6 +55,15 @@ from slotlake.recover.replay_job import (
 log = logging.getLogger(__name__)
 
 
+def scratch_folder(paths: LakePaths, kind: str) -> str:
+    """A new folder for the scratch tables of one in-process `kind` run (replay, recover, undo): the lake's own
+    (`LakePaths.scratch`) on a local lake; on an s3a lake a local temporary folder, since those tables are written
+    and read only by this process, never by Spark. The caller removes it (`Files.remove_tree`)."""
+    if storage.is_s3(paths.root):
+        return tempfile.mkdtemp(prefix=f"slotlake-{kind}-")
+    return paths.scratch(kind)
+
+
 def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
     """`run_replay` without Spark (module doc); None when it declines (the reason logged; the caller runs the Spark
     app). Raises ReplayError as `run_replay` does for a range it cannot rebuild. An in-place replay must hold the
@@ -89,9 +98,7 @@ def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
     after = min(b[0] for b in bases.values())
     known = set(bases) if not req.tables and not src.tables else None  # every table: others must have no change
     tables = [TableName(*n) for n in sorted(bases)]
-    # An s3a lake's scratch tables (the re-decoded changes, in place the rebuilt tables) live in a local temporary
-    # folder: written and read only by this process, never by Spark.
-    scratch = tempfile.mkdtemp(prefix="slotlake-replay-") if storage.is_s3(paths.root) else paths.scratch("replay")
+    scratch = scratch_folder(paths, "replay")  # the re-decoded changes, in place the rebuilt tables
     dest = req.dest
     targets = {n: table_dir(dest if dest is not None else f"{scratch}/gold", *n) for n in bases}
     try:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import tempfile
 import uuid
 from collections import Counter
 from collections.abc import Sequence
@@ -517,8 +516,9 @@ def undo(cfg: Config, source: str, xid: int | None = None, commit_lsn: str | Non
     paths = LakePaths.of(cfg.lake, source)
     here = None
     if spark is None and cfg.spark.in_process_bytes:
-        # an s3a lake's scratch tables in a local temporary folder (written and read only here), as the replay's
-        scratch = tempfile.mkdtemp(prefix="slotlake-undo-") if storage.is_s3(paths.root) else paths.scratch("undo")
+        from slotlake.recover.replay_in_process import scratch_folder
+
+        scratch = scratch_folder(paths, "undo")
         try:
             here = _tables_in_process(cfg, ref, touched, scratch)
         finally:
