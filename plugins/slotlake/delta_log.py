@@ -195,6 +195,22 @@ def schema_at(table_path: str, version: int) -> dict | None:
     return None
 
 
+def _log_files(table_path: str) -> tuple[list[int], dict[int, list[str]]] | None:
+    """The versions of the table's JSON commits, and its classic checkpoints' parts by version; None when the log
+    holds a kind of checkpoint this module does not read (v2: UUID-named, with sidecars)."""
+    log_dir = _log_dir(table_path)
+    commits_: list[int] = []
+    checkpoints: dict[int, list[str]] = {}
+    for name in _log_names(table_path):
+        if m := _COMMIT_FILE.match(name):
+            commits_.append(int(m.group(1)))
+        elif m := _CHECKPOINT_FILE.match(name):
+            checkpoints.setdefault(int(m.group(1)), []).append(storage.join(log_dir, name))
+        elif ".checkpoint." in name and not name.endswith(".crc"):
+            return None
+    return commits_, checkpoints
+
+
 def table_properties(table_path: str) -> dict[str, str] | None:
     """The table's properties (`metaData.configuration` of the newest metaData action); None when the log does not
     say (no table, or a checkpoint kind this reader does not parse: ask Spark).
@@ -203,16 +219,12 @@ def table_properties(table_path: str) -> dict[str, str] | None:
     column: at most a checkpoint interval of small files, however long the history.
     """
     log_dir = _log_dir(table_path)
-    names = _log_names(table_path)
-    if not names:
+    listed = _log_files(table_path)
+    if listed is None:
         return None
-    commits_: list[int] = []
-    checkpoints: dict[int, list[str]] = {}
-    for name in names:
-        if m := _COMMIT_FILE.match(name):
-            commits_.append(int(m.group(1)))
-        elif m := _CHECKPOINT_FILE.match(name):
-            checkpoints.setdefault(int(m.group(1)), []).append(storage.join(log_dir, name))
+    commits_, checkpoints = listed
+    if not commits_ and not checkpoints:
+        return None
     newest_checkpoint = max(checkpoints, default=-1)
     for v in sorted((v for v in commits_ if v > newest_checkpoint), reverse=True):
         text = _read_text(storage.join(log_dir, f"{v:020d}.json"))
@@ -263,19 +275,11 @@ def snapshot(table_path: str) -> Snapshot | None:
     """The table's latest `Snapshot`, replayed from its newest classic checkpoint and the JSON commits after it
     (per commit its removes, then its adds: a file given a new deletion vector is removed and added in one commit).
     None when this reader cannot say (no table, a v2 checkpoint, a commit gone from the log)."""
-    names = _log_names(table_path)
     log_dir = _log_dir(table_path)
-    commits_: list[int] = []
-    checkpoints: dict[int, list[str]] = {}
-    for name in names:
-        if m := _COMMIT_FILE.match(name):
-            commits_.append(int(m.group(1)))
-        elif m := _CHECKPOINT_FILE.match(name):
-            checkpoints.setdefault(int(m.group(1)), []).append(storage.join(log_dir, name))
-        elif ".checkpoint." in name and not name.endswith(".crc"):
-            return None  # a v2 checkpoint (UUID-named, with sidecars)
-    if not commits_:
+    listed = _log_files(table_path)
+    if listed is None or not listed[0]:
         return None
+    commits_, checkpoints = listed
     newest = max(commits_)
     base = max((v for v in checkpoints if v <= newest), default=-1)
     protocol: dict[str, Any] = {}
