@@ -147,7 +147,11 @@ def plan_marks(gold: str, plan: TablePlan, source: Any, target: Any) -> Marks:
         where = f"{root.rstrip('/')}/{unquote(path)}"
         found = pq.read_table(where, columns=knames, filesystem=fs, coerce_int96_timestamp_unit="us")
         n = found.num_rows
-        found = pa.table([found.column(c) for c in knames], names=[f"k{j}" for j in range(len(knames))])
+        try:  # (a Parquet type may differ from the table's: INT96 time stamps, say)
+            found = pa.table([found.column(c).cast(keys.column(f"k{j}").type) for j, c in enumerate(knames)],
+                             names=[f"k{j}" for j in range(len(knames))])
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as e:
+            raise CannotMark(f"{path}: key columns not read as the table's types ({e})") from None
         found = found.append_column("__row", pa.array(np.arange(n, dtype=np.int64)))
         old = _old_vector(gold, add.get("deletionVector"), dv_files)
         if old is not None and len(old):
@@ -187,8 +191,11 @@ def plan_marks(gold: str, plan: TablePlan, source: Any, target: Any) -> Marks:
     values[LSN_COL] = source.column("__lsn")
     values[COMMIT_TS_COL] = source.column("__ts")
     chosen = pa.array(np.flatnonzero(is_update))
-    marks.rows = pa.table([values[f.name].take(chosen).cast(f.type) for f in target], schema=target) \
-        if len(chosen) else None
+    try:
+        marks.rows = pa.table([values[f.name].take(chosen).cast(f.type) for f in target], schema=target) \
+            if len(chosen) else None
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as e:
+        raise CannotMark(f"the batch's values are not gold's types ({e})") from None
     n_updated = int((is_update & was_there).sum())
     marks.metrics = {
         "numSourceRows": source.num_rows, "numTargetRowsInserted": int((is_update & ~was_there).sum()),
@@ -203,14 +210,16 @@ def plan_marks(gold: str, plan: TablePlan, source: Any, target: Any) -> Marks:
 
 
 def _candidates(files: Mapping[str, Mapping[str, Any]], knames: Sequence[str], keys: Any) -> list[str]:
-    """The files whose statistics may hold one of `keys` (k0..: a value within the file's [min, max] on each key
-    column that is an integer or a string); every file whose statistics do not say."""
+    """The files whose statistics may hold one of `keys` (k0..: a value within the file's [min, max] on each
+    integer key column); every file whose statistics do not say. String statistics are not used: writers cut them
+    to a prefix (Spark: 32 characters, its maximum then extended by a tie-breaking character), which a key past
+    that prefix need not sort below."""
     import pyarrow as pa
 
     sorted_keys = []
     for j in range(len(knames)):
         col = keys.column(f"k{j}")
-        if pa.types.is_integer(col.type) or pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        if pa.types.is_integer(col.type):
             sorted_keys.append((knames[j], sorted(v for v in col.to_pylist() if v is not None)))
     out = []
     for path, add in files.items():

@@ -349,6 +349,8 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
                 else dv_merge.plan_marks(gold, plan, t.source, target)
         except dv_merge.CannotMark as why:
             raise Declined(f"{name}: {why}") from None
+        except (KeyError, pa.ArrowNotImplementedError, pa.ArrowInvalid) as e:  # (the append's columns and types)
+            raise Declined(f"{name}: the batch's rows are not gold's columns and types ({e})") from None
     return t
 
 
