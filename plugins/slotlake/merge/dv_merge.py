@@ -69,14 +69,6 @@ class Marks:
     operation: str = "MERGE"  # or WRITE: an append (no file touched)
 
 
-def writable(gold: str) -> str | None:
-    """None when this module can write `gold`'s log, else why not."""
-    snap = delta_log.snapshot(gold)
-    if snap is None:
-        return "its log cannot be replayed here"
-    return _unsupported(snap)
-
-
 def _unsupported(snap: delta_log.Snapshot) -> str | None:
     readers = set(snap.protocol.get("readerFeatures") or ())
     writers = set(snap.protocol.get("writerFeatures") or ())

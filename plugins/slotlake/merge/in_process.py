@@ -303,8 +303,8 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     t.marked = props.get(DELETION_VECTORS) == "true"
     if t.marked != src.uses_deletion_vectors(text):
         raise Declined(f"{name}: gold's deletion vectors are to be turned {'off' if t.marked else 'on'}")
-    if t.marked and (t.truncate or (why := dv_merge.writable(gold))):
-        raise Declined(f"{name}: gold has deletion vectors ({'a TRUNCATE' if t.truncate else why})")
+    if t.marked and t.truncate:  # (its log and features are read once, by `dv_merge.plan_*` below)
+        raise Declined(f"{name}: gold has deletion vectors (a TRUNCATE)")
     t.last_commit_ts = max((g.last_ts for g in groups if g.last_ts is not None), default=None)
     if not shaped:  # TRUNCATE only: gold is emptied
         return t
