@@ -271,16 +271,19 @@ def _as_json_action(value: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def snapshot(table_path: str) -> Snapshot | None:
-    """The table's latest `Snapshot`, replayed from its newest classic checkpoint and the JSON commits after it
-    (per commit its removes, then its adds: a file given a new deletion vector is removed and added in one commit).
-    None when this reader cannot say (no table, a v2 checkpoint, a commit gone from the log)."""
+def snapshot(table_path: str, version: int | None = None) -> Snapshot | None:
+    """The table's `Snapshot` as of `version` (None: its latest), replayed from the newest classic checkpoint at or
+    before it and the JSON commits after that (per commit its removes, then its adds: a file given a new deletion
+    vector is removed and added in one commit). None when this reader cannot say (no table, no such version, a v2
+    checkpoint, a commit gone from the log)."""
     log_dir = _log_dir(table_path)
     listed = _log_files(table_path)
     if listed is None or not listed[0]:
         return None
     commits_, checkpoints = listed
-    newest = max(commits_)
+    newest = max(commits_) if version is None else version
+    if newest not in commits_:
+        return None
     base = max((v for v in checkpoints if v <= newest), default=-1)
     protocol: dict[str, Any] = {}
     metadata: dict[str, Any] = {}

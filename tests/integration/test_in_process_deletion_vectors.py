@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from clirun import launched_apps, sync_ok  # noqa: E402
+from clirun import launched_apps, slotlake, sync_ok  # noqa: E402
 from delta_readers import deletion_vectors, read_delta_rs  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake import delta_log  # noqa: E402
@@ -158,9 +158,51 @@ def test_keyed_batches_mark_rows_in_deletion_vectors_without_spark(pg_db, tmp_pa
     both(["DELETE FROM items WHERE id BETWEEN 8000 AND 8009"])
     assert added not in delta_log.snapshot(ours).files
     assert next(delta_log.commits(ours)).metrics["numTargetFilesRemoved"] == 1
-    # version 10: the commit written here is followed by a checkpoint, as Spark's would be
+    # version 10: the commit written here is followed by a checkpoint, as Spark's would be; each state recorded
+    paths = LakePaths.of(str(tmp_path / f"lake_{IN_PROCESS}"), IN_PROCESS)
+    ends = []
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA recorded")  # (not published: recording adds nothing to the stream)
     for n in (1, 2, 3):
-        in_process_only([f"UPDATE items SET n = {n} WHERE id IN (1, 2, {n * 1000})"])
+        in_process_only([f"UPDATE items SET n = {n} WHERE id IN (1, 2, {n * 1000})",
+                         f"DELETE FROM items WHERE id = {500 + n}", f"INSERT INTO hist VALUES ({n}, 'step')"])
+        ends.append(delta_log.stage_end(paths.changes, "decode"))
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            for t in ("items", "hist"):
+                conn.execute(f"CREATE TABLE recorded.{t}_{n} AS SELECT * FROM {t}")
     log_dir = Path(ours) / "_delta_log"
     assert (log_dir / f"{10:020d}.checkpoint.parquet").exists(), sorted(p.name for p in log_dir.iterdir())
     assert next(delta_log.commits(ours)).engine == ENGINE
+
+    # replays and recoveries read gold with its vectors in this process (recover/replay_in_process.py): the state
+    # at the base without the rows the vectors delete, copied without vectors, the batches merged into the copy
+    def run(*args: str) -> str:
+        out = slotlake(cfg, *args, server=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert launched_apps(out.stderr) == [] and "in this process" in out.stderr, out.stderr[-3000:]
+        return out.stderr
+
+    dest = tmp_path / "replayed"
+    run("replay", IN_PROCESS, "--from", str(ends[0]), "--to", str(ends[2]), "--dest", str(dest))
+    for t in ("items", "hist"):
+        assert_gold_equals_pg(str(dest / "public" / t), pg_db, f"recorded.{t}_3")
+        assert not deletion_vectors(str(dest / "public" / t))
+    run("recover", IN_PROCESS, "--as-of", str(ends[1]), "--table", TABLE, "--table", FULL,
+        "--to", str(tmp_path / "recovered"))
+    for t in ("items", "hist"):
+        assert_gold_equals_pg(str(tmp_path / "recovered" / "public" / t), pg_db, f"recorded.{t}_2")
+    # in place: each gold table overwritten in one commit written here (delta-rs does not write a table with
+    # vectors), its vectors still on; then syncs go on from it, here and through Spark
+    before = {t: next(delta_log.commits(gold(tmp_path, IN_PROCESS, t))).version for t in (TABLE, FULL)}
+    run("replay", IN_PROCESS, "--from", str(ends[0]), "--to", str(ends[2]))
+    for t in (TABLE, FULL):
+        path = gold(tmp_path, IN_PROCESS, t)
+        assert_gold_equals_pg(path, pg_db, t)
+        newest = next(delta_log.commits(path))
+        assert (newest.version, newest.engine, newest.operation) == (before[t] + 1, ENGINE, "WRITE"), newest
+        assert newest.end_lsn == str(ends[2]) and "replay" in (newest.slotlake or {}), newest
+        assert deletion_vectors(path) and not any(a.get("deletionVector")
+                                                  for a in delta_log.snapshot(path).files.values())
+    in_process_only(["UPDATE items SET name = 'after the replay' WHERE id IN (1, 4000)",
+                     "DELETE FROM items WHERE id = 2"])
+    assert any(a.get("deletionVector") for a in delta_log.snapshot(ours).files.values())

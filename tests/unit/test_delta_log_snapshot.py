@@ -55,6 +55,11 @@ def test_a_file_given_a_new_vector_is_removed_and_added_in_one_commit(tmp_path):
     assert snap.files["a.parquet"]["deletionVector"] == DV2
     assert snap.protocol["readerFeatures"] == ["deletionVectors"]
     assert snap.metadata["configuration"] == {"delta.enableDeletionVectors": "true"}
+    # as of an earlier version (a replay's base): the commits after it are not read
+    at1 = delta_log.snapshot(str(tmp_path / "t"), 1)
+    assert at1 is not None and at1.version == 1 and sorted(at1.files) == ["a.parquet", "b.parquet", "c.parquet"]
+    assert at1.files["a.parquet"]["deletionVector"] == DV1
+    assert delta_log.snapshot(str(tmp_path / "t"), 3) is None  # no such version
 
 
 def test_what_it_cannot_replay_is_none(tmp_path):

@@ -277,8 +277,6 @@ def _with_kept(values: dict[str, Any], cols: Sequence[str], kept: Mapping[int, A
 def commit_marks(gold: str, marks: Marks, *, app_id: str, txn_version: int, user_metadata: str) -> int:
     """Write `marks` into `gold` as one commit (module doc) at the version after the planned snapshot; its version.
     A MergeError when another writer took that version first (nothing of this commit is live: run again)."""
-    import pyarrow.parquet as pq
-
     now = int(time.time() * 1000)
     files = storage.files_for(gold)
     partial = [p for p, v in sorted(marks.touched.items()) if len(v) < marks.live[p]]
@@ -293,15 +291,7 @@ def commit_marks(gold: str, marks: Marks, *, app_id: str, txn_version: int, user
         descriptors = dict(zip(partial, descs))
     for path in sorted(marks.touched):
         add = marks.adds[path]
-        remove = {"path": path, "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
-                  "partitionValues": dict(add.get("partitionValues") or {}), "size": add.get("size")}
-        if add.get("stats"):
-            remove["stats"] = json.dumps({"numRecords": marks.live[path]}, separators=(",", ":"))
-        if add.get("tags"):
-            remove["tags"] = add["tags"]
-        if add.get("deletionVector"):
-            remove["deletionVector"] = {k: v for k, v in add["deletionVector"].items() if v is not None}
-        actions.append({"remove": remove})
+        actions.append({"remove": _remove(add, now, marks.live[path])})
         if path in descriptors:
             again = {k: v for k, v in add.items() if v is not None}
             again["dataChange"] = True
@@ -312,15 +302,9 @@ def commit_marks(gold: str, marks: Marks, *, app_id: str, txn_version: int, user
                 again["stats"] = json.dumps(stats, separators=(",", ":"))
             actions.append({"add": again})
     if marks.rows is not None and marks.rows.num_rows:
-        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        buf = io.BytesIO()
-        pq.write_table(marks.rows, buf, compression="snappy")
-        data = buf.getvalue()
-        files.put_new(storage.join(gold, name), data)
-        written += len(data)
-        actions.append({"add": {"path": name, "partitionValues": {}, "size": len(data), "modificationTime": now,
-                                "dataChange": True, "stats": json.dumps(file_stats(marks.rows),
-                                                                        separators=(",", ":"))}})
+        add = _put_file(gold, marks.rows, now)
+        written += add["size"]
+        actions.append({"add": add})
     if marks.operation == "WRITE":
         parameters = {"mode": "Append", "partitionBy": "[]"}
         metrics = {**marks.metrics, "numOutputBytes": written}
@@ -335,14 +319,49 @@ def commit_marks(gold: str, marks: Marks, *, app_id: str, txn_version: int, user
             "operationMetrics": {k: str(v) for k, v in metrics.items()}, "engineInfo": ENGINE,
             "txnId": str(uuid.uuid4()), "userMetadata": user_metadata}
     lines = [{"commitInfo": info}, {"txn": {"appId": app_id, "version": txn_version, "lastUpdated": now}}, *actions]
-    version = marks.version + 1
+    return _put_entry(gold, marks.version + 1, lines, marks.checkpoint_interval,
+                      "run the sync again (it resumes from gold's watermark)")
+
+
+def _remove(add: Mapping[str, Any], now: int, records: int | None) -> dict[str, Any]:
+    """The `remove` action of a live file (`add`: its add action), with its deletion vector; `records`: its
+    physical rows, for the statistics (None: unknown)."""
+    remove = {"path": add["path"], "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
+              "partitionValues": dict(add.get("partitionValues") or {}), "size": add.get("size")}
+    if add.get("stats") and records is not None:
+        remove["stats"] = json.dumps({"numRecords": records}, separators=(",", ":"))
+    if add.get("tags"):
+        remove["tags"] = add["tags"]
+    if add.get("deletionVector"):
+        remove["deletionVector"] = {k: v for k, v in add["deletionVector"].items() if v is not None}
+    return remove
+
+
+def _put_file(gold: str, rows: Any, now: int) -> dict[str, Any]:
+    """`rows` (a pyarrow Table in gold's schema) written as a new Parquet file of `gold`; its `add` action."""
+    import pyarrow.parquet as pq
+
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    buf = io.BytesIO()
+    pq.write_table(rows, buf, compression="snappy")
+    data = buf.getvalue()
+    storage.files_for(gold).put_new(storage.join(gold, name), data)
+    return {"path": name, "partitionValues": {}, "size": len(data), "modificationTime": now, "dataChange": True,
+            "stats": json.dumps(file_stats(rows), separators=(",", ":"))}
+
+
+def _put_entry(gold: str, version: int, lines: Sequence[Mapping[str, Any]], checkpoint_interval: int,
+               what_to_do: str) -> int:
+    """The log entry `version` of `gold` := `lines`, only if that version is free (a MergeError naming
+    `what_to_do` if another writer took it: nothing of this commit is live); a checkpoint at a multiple of the
+    table's interval, as Spark writes one after its own commit. Returns `version`."""
     entry = storage.join(gold, "_delta_log", f"{version:020d}.json")
     try:
-        files.put_new(entry, "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n")
+        storage.files_for(gold).put_new(
+            entry, "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n")
     except FileExistsError:
-        raise MergeError(f"{gold}: another writer committed version {version} during this merge; run the sync "
-                         "again (it resumes from gold's watermark)") from None
-    if version % max(marks.checkpoint_interval, 1) == 0:  # as Spark would after its own commit
+        raise MergeError(f"{gold}: another writer committed version {version} meanwhile; {what_to_do}") from None
+    if version % max(checkpoint_interval, 1) == 0:
         try:
             delta_log.delta_rs_table(gold).create_checkpoint()  # (delta-rs writes each file's vector into it)
         except Exception as e:  # the commit stands; the next checkpoint covers it
@@ -377,3 +396,148 @@ def file_stats(rows: Any) -> dict[str, Any]:
                 mm = pc.min_max(col).as_py()
                 lo[f.name], hi[f.name] = mm["min"], mm["max"]
     return {"numRecords": rows.num_rows, "minValues": lo, "maxValues": hi, "nullCount": nulls}
+
+
+OVERWRITE_FILE_ROWS = 1_000_000  # rows per Parquet file an `overwrite` writes
+
+
+class LiveRows:
+    """A table with deletion vectors as of `version` (None: its latest), read without Spark: each live file with
+    pyarrow, the rows its vector deletes left out, cast to the table's Arrow schema (delta-rs's). The methods of a
+    `pyarrow.dataset.Dataset` the in-process paths use (`schema`, `scanner`, `to_table`, `to_batches`), one file
+    in memory at a time. CannotMark for a table this module does not read (column mapping, partitions, a vector
+    kind or a log it does not know)."""
+
+    def __init__(self, path: str, version: int | None = None) -> None:
+        import pyarrow as pa
+
+        snap = delta_log.snapshot(path, version)
+        if snap is None:
+            raise CannotMark(f"the log of {path} cannot be replayed here")
+        conf = dict(snap.metadata.get("configuration") or {})
+        if conf.get("delta.columnMapping.mode", "none") != "none" or snap.metadata.get("partitionColumns"):
+            raise CannotMark("column mapping or partitions")
+        self.path, self.version, self._files = path, snap.version, snap.files
+        self.schema = pa.schema(delta_log.delta_rs_table(path, snap.version).schema().to_arrow())
+
+    def _tables(self) -> Any:
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        fs, root = storage.arrow_files(self.path)
+        cache: dict[str, bytes] = {}
+        for path in sorted(self._files):
+            add = self._files[path]
+            data = pq.read_table(f"{root.rstrip('/')}/{unquote(path)}", filesystem=fs,
+                                 coerce_int96_timestamp_unit="us")
+            gone = _old_vector(self.path, add.get("deletionVector"), cache)
+            if gone is not None and len(gone):
+                keep = np.ones(data.num_rows, dtype=bool)
+                keep[np.fromiter(gone, dtype=np.int64, count=len(gone))] = False
+                data = data.filter(pa.array(keep))
+            try:  # a column added after the file was written reads as NULL
+                yield pa.table([data.column(f.name).cast(f.type) if f.name in data.column_names
+                                else pa.nulls(data.num_rows, f.type) for f in self.schema], schema=self.schema)
+            except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as e:
+                raise CannotMark(f"{path}: not read as the table's types ({e})") from None
+
+    def scanner(self, columns: Any = None, filter: Any = None, batch_size: int = 65_536) -> _LiveScanner:  # noqa: A002
+        return _LiveScanner(self, columns, filter, batch_size)
+
+    def to_table(self, columns: Any = None, filter: Any = None) -> Any:  # noqa: A002
+        return self.scanner(columns, filter).to_table()
+
+    def to_batches(self, columns: Any = None, filter: Any = None) -> Any:  # noqa: A002
+        return self.scanner(columns, filter).to_batches()
+
+
+class _LiveScanner:
+    """`LiveRows.scanner`: pyarrow's own scanner (projection, filter) over each file's live rows in turn."""
+
+    def __init__(self, rows: LiveRows, columns: Any, where: Any, batch_size: int) -> None:
+        import pyarrow.dataset as ds
+
+        self._rows, self._args = rows, {"columns": columns, "filter": where, "batch_size": batch_size}
+        self.projected_schema = ds.dataset(rows.schema.empty_table()).scanner(**self._args).projected_schema
+
+    def to_batches(self) -> Any:
+        import pyarrow.dataset as ds
+
+        for table in self._rows._tables():
+            yield from ds.dataset(table).scanner(**self._args).to_batches()
+
+    def to_reader(self) -> Any:
+        import pyarrow as pa
+
+        return pa.RecordBatchReader.from_batches(self.projected_schema, self.to_batches())
+
+    def to_table(self) -> Any:
+        import pyarrow as pa
+
+        return pa.Table.from_batches(list(self.to_batches()), schema=self.projected_schema)
+
+
+def overwrite(gold: str, data: Any, user_metadata: str) -> int:
+    """`gold` (a table with deletion vectors) := the rows of `data` (a pyarrow RecordBatchReader in gold's
+    columns), one commit as Spark's overwrite writes it: every live file removed with its vector, the new rows in
+    new files of at most `OVERWRITE_FILE_ROWS` (history kept: time travel reads the old version). CannotMark for
+    a table this module does not write or rows not of gold's types, and a MergeError when another writer took the
+    version: the log entry is not written then (data files already written stay unreferenced, as after a crash,
+    for `VACUUM`). Returns the new version."""
+    import pyarrow as pa
+
+    snap = _writable_snapshot(gold)
+    target = pa.schema(delta_log.delta_rs_table(gold, snap.version).schema().to_arrow())
+    if sorted(data.schema.names) != sorted(target.names):
+        raise CannotMark(f"the rows' columns {data.schema.names} are not gold's {target.names}")
+    now = int(time.time() * 1000)
+    actions: list[dict[str, Any]] = []
+    rows = written = 0
+    pending: list[Any] = []
+
+    def flush() -> None:
+        nonlocal written
+        if pending:
+            add = _put_file(gold, pa.Table.from_batches(pending, schema=target), now)
+            written += add["size"]
+            actions.append({"add": add})
+            pending.clear()
+
+    for batch in data:
+        try:
+            batch = pa.RecordBatch.from_arrays([batch.column(f.name).cast(f.type) for f in target], schema=target)
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as e:
+            raise CannotMark(f"rows not of gold's types ({e})") from None
+        pending.append(batch)
+        rows += batch.num_rows
+        if sum(b.num_rows for b in pending) >= OVERWRITE_FILE_ROWS:
+            flush()
+    flush()
+    removes = []
+    for add in snap.files.values():
+        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        removes.append({"remove": _remove(add, now, stats.get("numRecords"))})
+    metrics = {"numFiles": len(actions), "numOutputRows": rows, "numOutputBytes": written,
+               "numRemovedFiles": len(removes)}
+    info = {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Overwrite", "partitionBy": "[]"},
+            "readVersion": snap.version, "isolationLevel": "Serializable", "isBlindAppend": False,
+            "operationMetrics": {k: str(v) for k, v in metrics.items()}, "engineInfo": ENGINE,
+            "txnId": str(uuid.uuid4()), "userMetadata": user_metadata}
+    return _put_entry(gold, snap.version + 1, [{"commitInfo": info}, *removes, *actions], _interval(snap),
+                      "run it again")
+
+
+def live_row_count(path: str) -> int | None:
+    """The live rows of a table with deletion vectors from its log: each file's `numRecords` less its vector's
+    cardinality; None when a file has no statistics or the log is not read here."""
+    snap = delta_log.snapshot(path)
+    if snap is None:
+        return None
+    total = 0
+    for add in snap.files.values():
+        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        if stats.get("numRecords") is None:
+            return None
+        total += int(stats["numRecords"]) - int((add.get("deletionVector") or {}).get("cardinality") or 0)
+    return total

@@ -85,16 +85,21 @@ class Declined(Exception):
 
 
 def open_dataset(path: str, version: int | None = None):
-    """The Delta table at `path` (as of `version`, else its latest) as a pyarrow dataset read with delta-rs;
-    Declined for a table delta-rs does not read as Spark wrote it (column mapping, deletion vectors). delta-rs's
-    own errors propagate."""
+    """The Delta table at `path` (as of `version`, else its latest) as a pyarrow dataset read with delta-rs; a
+    table with deletion vectors as `dv_merge.LiveRows` (its files read with pyarrow, the rows their vectors delete
+    left out: the same methods). Declined for a table delta-rs does not read as Spark wrote it (column mapping) or
+    whose vectors this process does not read. delta-rs's own errors propagate."""
     import pyarrow.dataset as ds
 
     table = delta_log.delta_rs_table(path, version)
     props = table.metadata().configuration or {}
-    if props.get(COLUMN_MAPPING, "none") != "none" or props.get(DELETION_VECTORS) == "true" \
-            or "deletionVectors" in (table.protocol().reader_features or []):
-        raise Declined(f"{path} maps columns or has deletion vectors")
+    if props.get(COLUMN_MAPPING, "none") != "none":
+        raise Declined(f"{path} maps columns")
+    if props.get(DELETION_VECTORS) == "true" or "deletionVectors" in (table.protocol().reader_features or []):
+        try:
+            return dv_merge.LiveRows(path, table.version())
+        except dv_merge.CannotMark as e:
+            raise Declined(f"{path}: its deletion vectors are not read here ({e})") from None
     return table.to_pyarrow_dataset(parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
 
 
@@ -170,8 +175,10 @@ def merge_into(cfg: Config, source: str, changes_path: str, names: Sequence[Tabl
     """A replay's merge without Spark (`run_merge` with `silver_path`, `gold_path_for` and `end_lsn`): the changes
     of the silver-shaped table `changes_path` up to `end` into each of `names`' tables at `gold_of(schema, table)`
     (which exist, holding a watermark), each from its own watermark; `_runs` is not written. `ddl_events(mark,
-    end)`: whether a DDL event lies in (mark, end] (then that table declines). The `job.MergeReport`, or None when
-    a table's batch is not one this module writes exactly (nothing written; the reason logged)."""
+    end)`: whether a DDL event lies in (mark, end] (then that table declines). Each table keeps its own deletion
+    vectors (a replay's copies of gold are written without, whatever the config says: rows are rewritten there,
+    not marked, and `undo_in_process` compares them file by file). The `job.MergeReport`, or None when a table's
+    batch is not one this module writes exactly (nothing written; the reason logged)."""
     from slotlake.merge.job import MergeReport
     from slotlake.merge.watermarks import silver_file_stats
 
@@ -181,7 +188,8 @@ def merge_into(cfg: Config, source: str, changes_path: str, names: Sequence[Tabl
         if files is None:
             raise Declined(f"the file statistics of {changes_path} cannot be read")
         started = datetime.now(UTC)
-        tables = _prepare_all(src, changes_path, names, gold_of, end, files, lambda mark: ddl_events(mark, end))
+        tables = _prepare_all(src, changes_path, names, gold_of, end, files, lambda mark: ddl_events(mark, end),
+                              vectors_as_configured=False)
     except Declined as why:
         log.info("merge %s into %s in this process declined (%s)", source, changes_path, why)
         return None
@@ -190,13 +198,14 @@ def merge_into(cfg: Config, source: str, changes_path: str, names: Sequence[Tabl
 
 def _prepare_all(src: SourceConfig, changes_path: str, names: Sequence[TableName],
                  gold_of: Callable[[str, str], str], end: Lsn, files: Sequence[SilverFileStats],
-                 ddl_since: Callable[[Lsn], bool]) -> list[_Table]:
+                 ddl_since: Callable[[Lsn], bool], vectors_as_configured: bool = True) -> list[_Table]:
     """Every table's commit prepared (`_prepare`), within `MAX_CHANGES` in all; Declined before anything is
-    written."""
+    written. `vectors_as_configured`: a gold table's deletion vectors must be as the config says (else Spark
+    turns them on or off); False for a replay's tables, which keep their own (`merge_into`)."""
     tables: list[_Table] = []
     for name in names:
         tables.append(_prepare(src, changes_path, name, gold_of(name.schema, name.name), end, files, ddl_since,
-                               MAX_CHANGES - sum(t.n for t in tables)))
+                               MAX_CHANGES - sum(t.n for t in tables), vectors_as_configured))
     return tables
 
 
@@ -253,7 +262,8 @@ def _table_names(src: SourceConfig, files: Sequence[SilverFileStats], since: Lsn
 
 
 def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, end: Lsn,
-             files: Sequence[SilverFileStats], ddl_since: Callable[[Lsn], bool], budget: int) -> _Table:
+             files: Sequence[SilverFileStats], ddl_since: Callable[[Lsn], bool], budget: int,
+             vectors_as_configured: bool = True) -> _Table:
     """Everything the table's commit needs, or Declined (nothing is written before every table is prepared); at
     most `budget` changes (the run's `MAX_CHANGES` left)."""
     from slotlake.merge.job import _footer_groups
@@ -301,7 +311,7 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     # Deletion vectors (config `deletion_vectors`): a keyed batch marks gold's rows (merge/dv_merge.py); Spark
     # turns them on or off when the config and gold disagree, and takes every other kind of batch.
     t.marked = props.get(DELETION_VECTORS) == "true"
-    if t.marked != src.uses_deletion_vectors(text):
+    if vectors_as_configured and t.marked != src.uses_deletion_vectors(text):
         raise Declined(f"{name}: gold's deletion vectors are to be turned {'off' if t.marked else 'on'}")
     if t.marked and t.truncate:  # (its log and features are read once, by `dv_merge.plan_*` below)
         raise Declined(f"{name}: gold has deletion vectors (a TRUNCATE)")

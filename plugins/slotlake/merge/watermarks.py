@@ -244,15 +244,18 @@ def runs_ends(runs_path: str) -> dict[tuple[str, str], list[tuple[Lsn, int]]] | 
 
 
 def row_count(path: str) -> int | None:
-    """The rows of the Delta table at `path`, from its files' statistics read with delta-rs (no Spark job); None
-    when they cannot tell (no statistics, deletion vectors, a path delta-rs cannot open here)."""
+    """The rows of the Delta table at `path`, from its files' statistics read with delta-rs (no Spark job; with
+    deletion vectors, each file's count less its vector's, from the log: `dv_merge.live_row_count`); None when they
+    cannot tell (no statistics, a path delta-rs cannot open here)."""
 
     if not delta_log.readable(path):
         return None
     try:
         table = delta_log.delta_rs_table(path)
         if "deletionVectors" in (table.protocol().reader_features or []):
-            return None  # a file's count may include rows its vector deletes
+            from slotlake.merge.dv_merge import live_row_count
+
+            return live_row_count(path)
         files = table.get_add_actions(flatten=True)
         records = files.column("num_records")
         if records.null_count:

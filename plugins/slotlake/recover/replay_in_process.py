@@ -18,10 +18,15 @@ commit with a conditional PUT (as the sync's in-process stages). A replay declin
 removes the tables it wrote; the caller runs the Spark app, which does the whole replay again) wherever the sync's
 in-process stages would: a bronze file over a slice, a file without the extract's frame
 summary, a DDL event or several column layouts in a table's window, a batch only Spark merges exactly
-(`merge.in_process`), a gold table with column mapping or deletion vectors; and for a table without a recorded
+(`merge.in_process`), a gold table with column mapping; and for a table without a recorded
 state at X (Spark creates it), or in place a silver file without commit LSN statistics. An in-place replay that
 declines after replacing silver's rows leaves them re-derived (what the Spark app writes again) and gold as it was
 or rebuilt: both are what a replay gives, so the Spark app finishes it.
+
+A gold table with deletion vectors (config `deletion_vectors`) is read as of its base with the rows its vectors
+delete left out (`dv_merge.LiveRows`); the copies are written without vectors (the batches rewrite their rows, as a
+table without vectors gets them), so a `--dest` replay's tables have none, and in place each rebuilt table is
+written over gold by `dv_merge.overwrite` (delta-rs does not write such a table), which keeps gold's vectors on.
 """
 from __future__ import annotations
 
@@ -164,7 +169,8 @@ def _resolve(changes_path: str, point: Point) -> Lsn:
 
 def _copy_state(gold: str, base: tuple[Lsn, int], target: str) -> None:
     """`target` := a new Delta table holding gold as of version `base[1]` (time travel), its commit marked with the
-    merge watermark `base[0]` (what `replay_job.build_states` writes with Spark). Streamed batch by batch."""
+    merge watermark `base[0]` (what `replay_job.build_states` writes with Spark). Streamed batch by batch. A gold
+    table with deletion vectors is read without the rows they delete; the copy is written without vectors."""
     import pyarrow as pa
     from deltalake import write_deltalake
     from deltalake.exceptions import DeltaError
@@ -371,15 +377,22 @@ def _merge_ends(stats: Sequence[SilverFileStats], bronze: Sequence[tuple[int, in
 
 def _write_back(paths: LakePaths, rebuilt: dict[tuple[str, str], str], user_metadata: str) -> None:
     """In place: each gold table := its rebuilt table's rows, one overwrite commit (history kept) marked
-    `user_metadata`, streamed batch by batch."""
-    import pyarrow.dataset as ds
+    `user_metadata`, streamed batch by batch; a gold table with deletion vectors (which delta-rs does not write)
+    through `dv_merge.overwrite`."""
     from deltalake import write_deltalake
     from deltalake.exceptions import SchemaMismatchError
     from deltalake.transaction import CommitProperties
 
+    from slotlake.merge import dv_merge
+
     for (s, t), target in sorted(rebuilt.items()):
-        data = delta_log.delta_rs_table(target).to_pyarrow_dataset(
-            parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
+        data = open_dataset(target)
+        if "deletionVectors" in (delta_log.delta_rs_table(paths.gold(s, t)).protocol().reader_features or []):
+            try:
+                dv_merge.overwrite(paths.gold(s, t), data.scanner(batch_size=65_536).to_reader(), user_metadata)
+            except dv_merge.CannotMark as e:
+                raise Declined(f"{s}.{t}: gold's deletion vectors ({e})") from None
+            continue
         gold, options = storage.delta_rs_table_args(paths.gold(s, t))
         try:
             write_deltalake(gold, data.scanner(batch_size=65_536).to_reader(), mode="overwrite",
