@@ -164,8 +164,12 @@ def test_keyed_batches_mark_rows_in_deletion_vectors_without_spark(pg_db, tmp_pa
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute("CREATE SCHEMA recorded")  # (not published: recording adds nothing to the stream)
     for n in (1, 2, 3):
-        in_process_only([f"UPDATE items SET n = {n} WHERE id IN (1, 2, {n * 1000})",
-                         f"DELETE FROM items WHERE id = {500 + n}", f"INSERT INTO hist VALUES ({n}, 'step')"])
+        with psycopg.connect(pg_db) as conn:  # one transaction (the last is undone below)
+            for statement in (f"UPDATE items SET n = {n} WHERE id IN (1, 2, {n * 1000})",
+                              f"DELETE FROM items WHERE id = {500 + n}", f"INSERT INTO hist VALUES ({n}, 'step')"):
+                conn.execute(statement)
+            xid = int(conn.execute("SELECT txid_current() % 4294967296").fetchone()[0])
+        in_process_only([])
         ends.append(delta_log.stage_end(paths.changes, "decode"))
         with psycopg.connect(pg_db, autocommit=True) as conn:
             for t in ("items", "hist"):
@@ -203,6 +207,19 @@ def test_keyed_batches_mark_rows_in_deletion_vectors_without_spark(pg_db, tmp_pa
         assert newest.end_lsn == str(ends[2]) and "replay" in (newest.slotlake or {}), newest
         assert deletion_vectors(path) and not any(a.get("deletionVector")
                                                   for a in delta_log.snapshot(path).files.values())
+    # undo of the last step's transaction (recover/undo_in_process.py): its script brings PostgreSQL back to the
+    # state recorded before it
+    script = tmp_path / "undo.sql"
+    assert f"transaction {xid}" in run("undo", IN_PROCESS, "--xid", str(xid), "--out", str(script)) + \
+        script.read_text()
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(script.read_text())
+        for t in ("items", "hist"):
+            for a, b in ((t, f"recorded.{t}_2"), (f"recorded.{t}_2", t)):
+                assert conn.execute(f"SELECT count(*) FROM (TABLE {a} EXCEPT ALL TABLE {b}) x").fetchone()[0] == 0
+    sync_ok(cfg, IN_PROCESS)  # (the undo deletes a FULL-identity row of hist: Spark's MERGE, on top of the overwrite)
+    for t in (TABLE, FULL):
+        assert_gold_equals_pg(gold(tmp_path, IN_PROCESS, t), pg_db, t)
     in_process_only(["UPDATE items SET name = 'after the replay' WHERE id IN (1, 4000)",
                      "DELETE FROM items WHERE id = 2"])
     assert any(a.get("deletionVector") for a in delta_log.snapshot(ours).files.values())
