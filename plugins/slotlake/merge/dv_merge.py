@@ -404,8 +404,8 @@ OVERWRITE_FILE_ROWS = 1_000_000  # rows per Parquet file an `overwrite` writes
 class LiveRows:
     """A table with deletion vectors as of `version` (None: its latest), read without Spark: each live file with
     pyarrow, the rows its vector deletes left out, cast to the table's Arrow schema (delta-rs's). The methods of a
-    `pyarrow.dataset.Dataset` the in-process paths use (`schema`, `scanner`, `to_table`, `to_batches`), one file
-    in memory at a time. CannotMark for a table this module does not read (column mapping, partitions, a vector
+    `pyarrow.dataset.Dataset` the in-process paths use (`schema`, `scanner`, `to_table`, `to_batches`), a batch of
+    a file in memory at a time. CannotMark for a table this module does not read (column mapping, partitions, a vector
     kind or a log it does not know)."""
 
     def __init__(self, path: str, version: int | None = None) -> None:
@@ -429,18 +429,24 @@ class LiveRows:
         cache: dict[str, bytes] = {}
         for path in sorted(self._files):
             add = self._files[path]
-            data = pq.read_table(f"{root.rstrip('/')}/{unquote(path)}", filesystem=fs,
-                                 coerce_int96_timestamp_unit="us")
+            file = pq.ParquetFile(f"{root.rstrip('/')}/{unquote(path)}", filesystem=fs,
+                                  coerce_int96_timestamp_unit="us")
             gone = _old_vector(self.path, add.get("deletionVector"), cache)
-            if gone is not None and len(gone):
-                keep = np.ones(data.num_rows, dtype=bool)
+            keep = None
+            if gone is not None and len(gone):  # row indexes count from the file's first row
+                keep = np.ones(file.metadata.num_rows, dtype=bool)
                 keep[np.fromiter(gone, dtype=np.int64, count=len(gone))] = False
-                data = data.filter(pa.array(keep))
-            try:  # a column added after the file was written reads as NULL
-                yield pa.table([data.column(f.name).cast(f.type) if f.name in data.column_names
-                                else pa.nulls(data.num_rows, f.type) for f in self.schema], schema=self.schema)
-            except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as e:
-                raise CannotMark(f"{path}: not read as the table's types ({e})") from None
+            at = 0
+            for batch in file.iter_batches(batch_size=65_536, use_threads=False):  # a batch at a time in memory
+                n = batch.num_rows
+                if keep is not None:
+                    batch = batch.filter(pa.array(keep[at:at + n]))
+                at += n
+                try:  # a column added after the file was written reads as NULL
+                    yield pa.table([batch.column(f.name).cast(f.type) if f.name in batch.schema.names
+                                    else pa.nulls(batch.num_rows, f.type) for f in self.schema], schema=self.schema)
+                except (pa.ArrowNotImplementedError, pa.ArrowInvalid) as e:
+                    raise CannotMark(f"{path}: not read as the table's types ({e})") from None
 
     def scanner(self, columns: Any = None, filter: Any = None, batch_size: int = 65_536) -> _LiveScanner:  # noqa: A002
         return _LiveScanner(self, columns, filter, batch_size)
@@ -525,7 +531,7 @@ def overwrite(gold: str, data: Any, user_metadata: str) -> int:
             "operationMetrics": {k: str(v) for k, v in metrics.items()}, "engineInfo": ENGINE,
             "txnId": str(uuid.uuid4()), "userMetadata": user_metadata}
     return _put_entry(gold, snap.version + 1, [{"commitInfo": info}, *removes, *actions], _interval(snap),
-                      "run it again")
+                      "run the replay again")
 
 
 def live_row_count(path: str) -> int | None:
