@@ -408,7 +408,8 @@ class LiveRows:
     a file in memory at a time. CannotMark for a table this module does not read (column mapping, partitions, a vector
     kind or a log it does not know)."""
 
-    def __init__(self, path: str, version: int | None = None) -> None:
+    def __init__(self, path: str, version: int | None = None, schema: Any = None) -> None:
+        """`schema`: the table's Arrow schema at that version, if the caller has it (else read with delta-rs)."""
         import pyarrow as pa
 
         snap = delta_log.snapshot(path, version)
@@ -418,7 +419,8 @@ class LiveRows:
         if conf.get("delta.columnMapping.mode", "none") != "none" or snap.metadata.get("partitionColumns"):
             raise CannotMark("column mapping or partitions")
         self.path, self.version, self._files = path, snap.version, snap.files
-        self.schema = pa.schema(delta_log.delta_rs_table(path, snap.version).schema().to_arrow())
+        self.schema = schema if schema is not None else pa.schema(
+            delta_log.delta_rs_table(path, snap.version).schema().to_arrow())
 
     def _tables(self) -> Any:
         import numpy as np

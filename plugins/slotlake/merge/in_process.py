@@ -96,8 +96,10 @@ def open_dataset(path: str, version: int | None = None):
     if props.get(COLUMN_MAPPING, "none") != "none":
         raise Declined(f"{path} maps columns")
     if props.get(DELETION_VECTORS) == "true" or "deletionVectors" in (table.protocol().reader_features or []):
-        try:
-            return dv_merge.LiveRows(path, table.version())
+        import pyarrow as pa
+
+        try:  # (delta-rs has read this version's log: its schema, not a second read)
+            return dv_merge.LiveRows(path, table.version(), pa.schema(table.schema().to_arrow()))
         except dv_merge.CannotMark as e:
             raise Declined(f"{path}: its deletion vectors are not read here ({e})") from None
     return table.to_pyarrow_dataset(parquet_read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"))
