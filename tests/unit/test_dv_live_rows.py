@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -90,3 +91,19 @@ def test_an_overwrite_replaces_every_file_and_keeps_the_vectors_on(table):
         other = pa.table({"id": pa.array([1], pa.int64())})
         dv_merge.overwrite(table, pa.RecordBatchReader.from_batches(other.schema, other.to_batches()), "{}")
     assert next(delta_log.commits(table)).version == 3
+
+
+def test_a_table_with_a_feature_the_overwrite_does_not_write_is_refused_before_any_write(table):
+    dv_merge.check_writable(table)  # the fixture's table: written here
+    snap = delta_log.snapshot(table)
+    assert snap is not None
+    meta = dict(snap.metadata)
+    meta["configuration"] = {**(meta.get("configuration") or {}), "delta.appendOnly": "true"}
+    (Path(table) / "_delta_log" / f"{3:020d}.json").write_text("\n".join(json.dumps(a) for a in [
+        {"commitInfo": {"timestamp": 0, "operation": "SET TBLPROPERTIES"}}, {"metaData": meta}]) + "\n")
+    with pytest.raises(dv_merge.CannotMark, match="append-only"):
+        dv_merge.check_writable(table)
+    keep = dv_merge.LiveRows(table).to_table()
+    with pytest.raises(dv_merge.CannotMark, match="append-only"):  # what the in-place replay would meet at the end
+        dv_merge.overwrite(table, pa.RecordBatchReader.from_batches(keep.schema, keep.to_batches()), "{}")
+    assert next(delta_log.commits(table)).version == 3 and _query(table) == _rows(keep)

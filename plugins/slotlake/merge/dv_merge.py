@@ -88,6 +88,12 @@ def _unsupported(snap: delta_log.Snapshot) -> str | None:
     return None
 
 
+def check_writable(gold: str) -> None:
+    """CannotMark (with the reason) when this module does not write `gold`, a table with deletion vectors: what
+    `overwrite` and the marks would find before any write, for a caller that has work to do first."""
+    _writable_snapshot(gold)
+
+
 def _writable_snapshot(gold: str) -> delta_log.Snapshot:
     snap = delta_log.snapshot(gold)
     if snap is None:

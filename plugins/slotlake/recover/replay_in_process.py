@@ -26,7 +26,8 @@ or rebuilt: both are what a replay gives, so the Spark app finishes it.
 A gold table with deletion vectors (config `deletion_vectors`) is read as of its base with the rows its vectors
 delete left out (`dv_merge.LiveRows`); the copies are written without vectors (the batches rewrite their rows, as a
 table without vectors gets them), so a `--dest` replay's tables have none, and in place each rebuilt table is
-written over gold by `dv_merge.overwrite` (delta-rs does not write such a table), which keeps gold's vectors on.
+written over gold by `dv_merge.overwrite` (delta-rs does not write such a table), which keeps gold's vectors on;
+one with a feature `overwrite` does not write (append-only, CHECK constraints, ...) declines before any write.
 """
 from __future__ import annotations
 
@@ -109,6 +110,8 @@ def replay_in_process(cfg: Config, req: ReplayRequest) -> ReplayResult | None:
     try:
         for (s, t), base in sorted(bases.items()):  # first: a gold table only Spark reads declines before any write
             _copy_state(paths.gold(s, t), base, targets[(s, t)])
+            if dest is None:  # and in place one only Spark writes
+                _check_writable(paths.gold(s, t))
         if dest is not None:
             decoded, slices = _decode_and_merge(cfg, source, paths, tables, lambda s, t: targets[(s, t)],
                                                 f"{scratch}/changes", after, to, known)
@@ -387,7 +390,7 @@ def _write_back(paths: LakePaths, rebuilt: dict[tuple[str, str], str], user_meta
 
     for (s, t), target in sorted(rebuilt.items()):
         data = open_dataset(target)
-        if "deletionVectors" in (delta_log.delta_rs_table(paths.gold(s, t)).protocol().reader_features or []):
+        if _has_vectors(paths.gold(s, t)):
             try:
                 dv_merge.overwrite(paths.gold(s, t), data.scanner(batch_size=65_536).to_reader(), user_metadata)
             except dv_merge.CannotMark as e:
@@ -400,6 +403,23 @@ def _write_back(paths: LakePaths, rebuilt: dict[tuple[str, str], str], user_meta
                             commit_properties=CommitProperties(custom_metadata={"userMetadata": user_metadata}))
         except SchemaMismatchError as e:
             raise Declined(f"{s}.{t}: the rebuilt columns are not gold's ({e})") from None
+
+
+def _has_vectors(gold: str) -> bool:
+    """Whether `gold`'s protocol reads deletion vectors (delta-rs does not write the table: `dv_merge` does)."""
+    return "deletionVectors" in (delta_log.delta_rs_table(gold).protocol().reader_features or [])
+
+
+def _check_writable(gold: str) -> None:
+    """Declined when `_write_back` could not write `gold` (a table with deletion vectors and a feature
+    `dv_merge.overwrite` does not write): told before silver's files are replaced and the copies merged."""
+    from slotlake.merge import dv_merge
+
+    if _has_vectors(gold):
+        try:
+            dv_merge.check_writable(gold)
+        except dv_merge.CannotMark as e:
+            raise Declined(f"{gold}: gold's deletion vectors ({e})") from None
 
 
 def _range_files(paths: LakePaths, after: Lsn, to: Lsn) -> list[BronzeFile]:
