@@ -392,6 +392,7 @@ def main() -> None:
             recovered = time_recover(cfg, paths, Lsn.parse(str(lsn_before)), Path(tmp))
         fixed = fixed_cost(cfg, pg, args.repeat, args.small_keys, args.scale)
         accounts = delta_log.latest_slotlake_commit(paths.gold("public", "pgbench_accounts"))
+        aged = gold_shape(paths.gold("public", "pgbench_accounts"))
         stack.close()  # stops the Spark server, if any
         load_end = os.getloadavg()
         script = "simple-update (-N)" if args.simple_update else "tpcb-like"
@@ -432,6 +433,7 @@ def main() -> None:
                   f"rows copied {m.get('numTargetRowsCopied', 0):,}, deletion vectors added "
                   f"{m.get('numTargetDeletionVectorsAdded', 0)}, bytes written "
                   f"{format(m['numTargetBytesAdded'], ',') if 'numTargetBytesAdded' in m else '? (delta-rs)'}")
+        print(f"pgbench_accounts after the syncs: {aged}")
         for name, runs in fixed.items():
             if not runs:  # --repeat 0
                 continue
@@ -448,6 +450,23 @@ def main() -> None:
             for line in replay_check:
                 print(f"replay --dest == gold (after the replay in place): {line}", flush=True)
             print("recover in process == the recover Spark app: every row of the 4 tables", flush=True)
+
+
+def gold_shape(path: str) -> str:
+    """What the syncs left in a gold table: its live files, those with a deletion vector and the rows their
+    vectors delete, and how long delta-rs's query engine takes to count its rows (it applies the vectors)."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    snap = delta_log.snapshot(path)
+    if snap is None:
+        return "(its log is not read here)"
+    vectors = [a["deletionVector"] for a in snap.files.values() if a.get("deletionVector")]
+    t = time.perf_counter()
+    (count,) = QueryBuilder().register("t", DeltaTable(path)).execute("SELECT count(*) FROM t").read_all()[0]
+    secs = time.perf_counter() - t
+    return (f"{len(snap.files)} live files, {len(vectors)} with a deletion vector ("
+            f"{sum(int(v['cardinality']) for v in vectors):,} rows deleted by them); {count.as_py():,} rows counted "
+            f"by delta-rs's query engine in {secs:.2f} s")
 
 
 def _equal_rows(a: str | Path, b: str | Path, what: str) -> int:
