@@ -311,6 +311,95 @@ def test_workload_on_an_s3a_lake_through_the_cli(pg_db, tmp_path, s3_server, s3_
     assert n >= len(TABLES) * 2 + 3, n
 
 
+def test_deletion_vectors_on_an_s3a_lake_without_spark(pg_db, tmp_path, s3_server, s3_bucket, s3_spark_server):
+    """`deletion_vectors: true` on an s3a lake: after Spark's initial copy, small batches are merged in the CLI's
+    process by marking gold's rows in deletion vectors (merge/dv_merge.py: the vector files and the log entry put on
+    S3 with conditional PUTs, nothing of gold rewritten), the FULL-identity table's new rows appended; then a replay
+    in place (gold overwritten by `dv_merge.overwrite` on S3, its vectors kept on), a recovery as of a point between
+    two batches into the bucket (gold read through its vectors on S3) and another batch marked on top of the
+    overwrite: all in the CLI's process. Gold equals PostgreSQL after each step, the recovery PostgreSQL's state at
+    that point; every table in the bucket reads the same through delta-rs and Spark (s3a)."""
+    from delta_readers import deletion_vectors
+    from slotlake.merge.dv_merge import ENGINE
+
+    cfg = tmp_path / "dv.yaml"
+    cfg.write_text(f"lake: s3a://{s3_bucket}/dv\n{s3_server.storage_yaml()}spark: {{master: \"local[2]\"}}\n"
+                   f"sources:\n  {SOURCE}:\n    dsn: {pg_db}\n    tables: [public.items, {FULL}]\n"
+                   "    deletion_vectors: true\n")
+    lake = load_config(str(cfg))
+    paths = LakePaths.of(lake.lake, SOURCE)
+    items, events = paths.gold("public", "items"), paths.gold("public", "events")
+    run_sql(pg_db,
+            "CREATE TABLE items (id int PRIMARY KEY, name text, qty int, price numeric(10,2), at timestamptz)",
+            "INSERT INTO items SELECT g, 'item ' || g, g % 7, g * 1.25, '2024-01-01'::timestamptz + g * interval '1h' "
+            "FROM generate_series(1, 3000) g",
+            "CREATE TABLE events (kind text, n int)", "ALTER TABLE events REPLICA IDENTITY FULL",
+            "INSERT INTO events SELECT 'k' || (g % 4), g % 3 FROM generate_series(1, 24) g")
+
+    def check() -> None:
+        assert_gold_equals_pg(items, pg_db, "public.items")
+        assert_gold_equals_pg(events, pg_db, FULL)
+
+    def in_process(statements: list[str]) -> None:
+        run_sql(pg_db, *statements)
+        _, log = sync(cfg)
+        assert clirun.launched_apps(log) == [] and "(in this process, without Spark)" in log, log[-3000:]
+        check()
+
+    _, log = sync(cfg)  # the initial copies: Spark loads them (the lake's server), deletion vectors on
+    assert "on the Spark server at" in log, log[-3000:]
+    assert deletion_vectors(items) and deletion_vectors(events)
+    check()
+    files_before = set(delta_log.snapshot(items).files)
+    in_process(["UPDATE items SET qty = qty + 100 WHERE id % 97 = 0", "DELETE FROM items WHERE id % 101 = 0",
+                "INSERT INTO items SELECT g, 'new', 1, 2.50, now() FROM generate_series(5000, 5019) g",
+                "INSERT INTO events VALUES ('k9', 9), ('k9', 9)"])
+    newest = next(delta_log.commits(items))
+    assert (newest.engine, newest.operation) == (ENGINE, "MERGE"), newest
+    assert newest.metrics["numTargetRowsCopied"] == 0 and newest.metrics["numTargetDeletionVectorsAdded"] >= 1
+    after = delta_log.snapshot(items)
+    assert files_before <= set(after.files) and len(after.files) == len(files_before) + 1  # nothing rewritten
+    vectors = [a["deletionVector"] for a in after.files.values() if a.get("deletionVector")]
+    assert vectors and all(v["storageType"] == "u" for v in vectors), vectors  # vector files, on S3
+    assert any("deletion_vector_" in k for k in s3_server.keys(s3_bucket, "dv/shop/gold/public/items/"))
+    assert (next(delta_log.commits(events)).engine, next(delta_log.commits(events)).operation) == (ENGINE, "WRITE")
+    start = silver_end(paths)
+    with psycopg.connect(pg_db, autocommit=True) as conn:  # the state between two batches, for recover
+        point = Lsn.parse(str(conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]))
+        conn.execute("CREATE SCHEMA recorded")
+        conn.execute("CREATE TABLE recorded.items AS TABLE items")
+    in_process(["UPDATE items SET name = 'again' WHERE id % 89 = 0", "DELETE FROM items WHERE id BETWEEN 10 AND 30",
+                "UPDATE items SET qty = 0 WHERE id = 5000"])
+    end = silver_end(paths)
+
+    # a replay in place of the range, in this process: each gold table overwritten in one commit, vectors on
+    version = next(delta_log.commits(items)).version
+    out = clirun.slotlake(cfg, "replay", SOURCE, "--from", str(start), "--to", str(end))
+    assert out.returncode == 0 and clirun.launched_apps(out.stderr) == [] and "(in this process, " in out.stderr, \
+        out.stderr[-3000:]
+    last = next(delta_log.commits(items))
+    assert (last.version, last.engine, last.operation) == (version + 1, ENGINE, "WRITE"), last
+    assert "replay" in (last.slotlake or {}) and last.end_lsn == end, last
+    assert deletion_vectors(items)
+    assert not any(a.get("deletionVector") for a in delta_log.snapshot(items).files.values())
+    check()
+
+    # recover as of `point` into the bucket, in this process: gold's state then, read through its vectors on S3
+    out = clirun.slotlake(cfg, "recover", SOURCE, "--as-of", str(point), "--table", "public.items",
+                          "--to", f"s3a://{s3_bucket}/dv_out", timeout=1200)
+    assert out.returncode == 0 and clirun.launched_apps(out.stderr) == [] and "in this process" in out.stderr, \
+        "\n".join(x for x in out.stderr.splitlines() if "declined" in x) or out.stderr[-3000:]
+    assert_gold_equals_pg(f"s3a://{s3_bucket}/dv_out/public/items", pg_db, "recorded.items")
+
+    # a batch marked on top of the overwrite
+    in_process(["UPDATE items SET qty = qty - 1 WHERE id % 13 = 0", "DELETE FROM items WHERE id % 113 = 0"])
+    assert any(a.get("deletionVector") for a in delta_log.snapshot(items).files.values())
+    n, _ = check_bucket(str(cfg), f"s3a://{s3_bucket}/dv")
+    assert n >= 5, n  # gold x2, silver, _catalog, _runs
+    m, _ = check_bucket(str(cfg), f"s3a://{s3_bucket}/dv_out")
+    assert m == 1, m
+
+
 def test_a_bronze_object_is_never_replaced(s3_server, s3_bucket, tmp_path, monkeypatch):
     storage.configure(storage.StorageSettings(endpoint=s3_server.endpoint, region="us-east-1", path_style=True))
     root = f"s3a://{s3_bucket}/lake/shop"
