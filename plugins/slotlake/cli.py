@@ -8,6 +8,8 @@
     slotlake [--config FILE] undo SOURCE --xid N | --commit-lsn L [--out FILE]
     slotlake [--config FILE] recover SOURCE --as-of POINT --table T [--table T ...] --to DEST [--into-schema S]
                                                                                               [--replace]
+    slotlake [--config FILE] optimize SOURCE [--table T ...] [--json]
+                                              compact gold's small files and deletion vectors (no data changed)
     slotlake [--config FILE] spark-server [--listen HOST:PORT] [--idle-minutes M] | --stop
                                               a long-lived Spark driver (config spark.server)
 
@@ -167,6 +169,20 @@ def run_recover(cfg: Config, args: argparse.Namespace) -> int:
     return 0
 
 
+def _optimize_args(p: argparse.ArgumentParser) -> None:
+    _source_arg(p)
+    p.add_argument("--table", action="append", dest="tables", metavar="T", help="schema.table (repeatable; "
+                   "default: every gold table)")
+
+
+def run_optimize(cfg: Config, args: argparse.Namespace) -> int:
+    from slotlake.pipeline import optimize
+
+    done = optimize(cfg, args.source, args.tables)
+    print(json.dumps([t.as_dict() for t in done], indent=2) if args.json else "\n".join(t.line() for t in done))
+    return 0
+
+
 def _spark_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", metavar="HOST:PORT", help="where to listen (default: the config's spark.server; "
                    "port 0: a free one)")
@@ -214,6 +230,8 @@ COMMANDS: tuple[Command, ...] = (
             _undo_args, run_undo),
     Command("recover", "SOURCE's tables as of one commit LSN or time, into Delta tables or a PostgreSQL database",
             _recover_args, run_recover),
+    Command("optimize", "compact SOURCE's gold tables (small files, deletion vectors) without Spark, no data changed",
+            _optimize_args, run_optimize),
     Command("spark-server", "keep one Spark driver running and run the sync's Spark apps in it (spark.server)",
             _spark_server_args, run_spark_server),
 )

@@ -404,3 +404,30 @@ def sync(cfg: Config, source_name: str) -> SyncReport:
             if not pending.idle and in_process is None:
                 steps["spark"] = time.monotonic() - t
     return build_report(cfg, source_name, extracted, steps)
+
+
+def optimize(cfg: Config, source_name: str, tables: Sequence[str] | None = None) -> list:
+    """`slotlake optimize`: each gold table of the source (or of `tables`, schema.table) compacted without Spark
+    (`merge.optimize.optimize_table`), under the source's run lock (no sync merges meanwhile). Returns the
+    `TableOptimize` of each, in table order; a named table without a gold table is a ConfigError."""
+    from slotlake.errors import ConfigError
+    from slotlake.merge.optimize import optimize_table
+    from slotlake.source.lock import source_lock
+
+    paths = LakePaths.of(cfg.lake, source_name)
+    if not delta_log.readable(paths.root):
+        raise ConfigError(f"optimize {source_name}: lake {cfg.lake} is not read without Spark here; run Spark SQL's "
+                          "OPTIMIZE on its gold tables")
+    present = delta_log.gold_tables(paths.root)
+    names = sorted({TableName.parse(t) for t in tables}) if tables else present
+    missing = [str(n) for n in names if n not in present]
+    if missing:
+        raise ConfigError(f"optimize {source_name}: no gold table {', '.join(missing)} under {paths.root}; name "
+                          "tables as `slotlake status` lists them")
+    with source_lock(cfg.source(source_name), "optimize"):
+        out = []
+        for n in names:
+            done = optimize_table(paths.gold(n.schema, n.name), n)
+            log.info("optimize %s: %s", source_name, done.line())
+            out.append(done)
+    return out

@@ -223,3 +223,31 @@ def test_keyed_batches_mark_rows_in_deletion_vectors_without_spark(pg_db, tmp_pa
     in_process_only(["UPDATE items SET name = 'after the replay' WHERE id IN (1, 4000)",
                      "DELETE FROM items WHERE id = 2"])
     assert any(a.get("deletionVector") for a in delta_log.snapshot(ours).files.values())
+
+    # `slotlake optimize` (merge/optimize.py) folds each table's files and vectors into new files, in this process,
+    # one OPTIMIZE commit that changes no data: on this lake (vectors written here and by Spark's MERGE) and on the
+    # Spark-only one (Spark's vectors); the watermarks stay, syncs go on from it in both ways, a recovery still reads
+    # the history before it
+    sync_ok(spark_cfg, SPARK)  # (the Spark-only lake has not synced since the recorded steps)
+    for source, config in ((IN_PROCESS, cfg), (SPARK, spark_cfg)):
+        path = gold(tmp_path, source)
+        mark, files = delta_log.latest_slotlake_commit(path), delta_log.snapshot(path).files
+        assert any(a.get("deletionVector") for a in files.values()) and len(files) > 1, files
+        out = slotlake(config, "optimize", source, "--json", server=False)
+        assert out.returncode == 0 and launched_apps(out.stderr) == [], out.stderr[-3000:]
+        done = {t["table"]: t for t in json.loads(out.stdout)}
+        assert set(done) == {TABLE, FULL}, done
+        assert done[TABLE]["files_removed"] == len(files) and done[TABLE]["files_added"] == 1, done
+        assert done[TABLE]["vectors_removed"] == sum(1 for a in files.values() if a.get("deletionVector")), done
+        after = delta_log.snapshot(path)
+        assert len(after.files) == 1 and not any(a.get("deletionVector") for a in after.files.values())
+        assert next(delta_log.commits(path)).operation == "OPTIMIZE"
+        assert delta_log.latest_slotlake_commit(path) == mark  # the watermark: the same commit
+        assert_gold_equals_pg(path, pg_db, TABLE)
+        assert_gold_equals_pg(gold(tmp_path, source, FULL), pg_db, FULL)
+    assert rows(ours) == rows(theirs)
+    both(["UPDATE items SET name = 'after optimize' WHERE id IN (1, 4000, 5000)", "DELETE FROM items WHERE id = 6",
+          "INSERT INTO hist VALUES (103, 'after optimize')"])
+    assert any(a.get("deletionVector") for a in delta_log.snapshot(ours).files.values())
+    run("recover", IN_PROCESS, "--as-of", str(ends[1]), "--table", TABLE, "--to", str(tmp_path / "again"))
+    assert_gold_equals_pg(str(tmp_path / "again" / "public" / "items"), pg_db, "recorded.items_2")

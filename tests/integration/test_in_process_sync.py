@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from clirun import launched_apps, sync_crashes, sync_ok  # noqa: E402
+from clirun import launched_apps, slotlake, sync_crashes, sync_ok  # noqa: E402
 from delta_readers import read_delta_rs  # noqa: E402
 from oracle import assert_gold_equals_pg  # noqa: E402
 from slotlake import bronze, delta_log  # noqa: E402
@@ -232,6 +232,32 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
     # 4. TRUNCATEs: one overwrite per table, what the changes after the last TRUNCATE leave
     for statements in truncates:
         in_process(statements)
+
+    # 5. `slotlake optimize` (merge/optimize.py: delta-rs's compaction here) after a few small batches, on both
+    # lakes (files written here and by Spark; Spark's alone): one OPTIMIZE commit per table with files to fold, no
+    # data changed, the watermarks as they were; the syncs go on from it
+    for i in range(3):
+        in_process([f"INSERT INTO events VALUES ({i}, 'small')", f"INSERT INTO hist VALUES ({i}, 'small', now(), 1)",
+                    f"UPDATE items SET name = 'small {i}' WHERE id = 1"])
+    for source, config, lake in ((IN_PROCESS, cfg, "lake"), (SPARK, spark_cfg, "lake_spark")):
+        golds = {t: LakePaths.of(str(tmp_path / lake), source).gold(*t.split(".")) for t in TABLES}
+        files = {t: len(delta_log.snapshot(p).files) for t, p in golds.items()}
+        marks = {t: delta_log.latest_slotlake_commit(p) for t, p in golds.items()}
+        out = slotlake(config, "optimize", source, "--json")
+        assert out.returncode == 0 and launched_apps(out.stderr) == [], out.stderr[-3000:]
+        done = {d["table"]: d for d in json.loads(out.stdout)}
+        assert set(done) == set(TABLES), done
+        for t, p in golds.items():
+            assert delta_log.latest_slotlake_commit(p) == marks[t], t
+            if done[t]["version"] is None:
+                assert files[t] == 1 or done[t]["skipped"], (t, done[t])
+                continue
+            assert next(delta_log.commits(p)).operation == "OPTIMIZE", t
+            assert done[t]["files_removed"] >= 2 and len(delta_log.snapshot(p).files) < files[t], (t, done[t])
+        assert done["public.events"]["version"] is not None, done  # a file a batch: at least 3 to fold
+    check(tmp_path, pg_db)
+    in_process(["INSERT INTO events VALUES (9, 'after optimize')", "UPDATE items SET name = 'after' WHERE id = 2",
+                "INSERT INTO hist VALUES (9, 'after optimize', now(), 2)"])
 
 
 def _create_tables(dsn: str) -> None:

@@ -107,3 +107,31 @@ def test_a_table_with_a_feature_the_overwrite_does_not_write_is_refused_before_a
     with pytest.raises(dv_merge.CannotMark, match="append-only"):  # what the in-place replay would meet at the end
         dv_merge.overwrite(table, pa.RecordBatchReader.from_batches(keep.schema, keep.to_batches()), "{}")
     assert next(delta_log.commits(table)).version == 3 and _query(table) == _rows(keep)
+
+
+def test_compact_folds_small_files_and_vectors_and_changes_no_data(table):
+    for i in range(2):  # two more small files, appended as the in-process merge appends rows
+        rows = pa.table({"id": pa.array([ROWS + i], pa.int64()), "v": [f"x{i}"]})
+        dv_merge.commit_marks(table, dv_merge.plan_append(table, rows), app_id="test", txn_version=2 + i,
+                              user_metadata='{"slotlake": {"stage": "merge", "end_lsn": "0/20"}}')
+    expected = _query(table)
+    assert sum(expected.values()) == ROWS - len(MARKED) + 2
+    version = next(delta_log.commits(table)).version
+    assert len(delta_log.snapshot(table).files) == 3
+    done = dv_merge.compact(table)
+    assert done == dv_merge.Compacted(version + 1, files_removed=3, files_added=1, vectors_removed=1,
+                                      rows=ROWS - len(MARKED) + 2)
+    snap = delta_log.snapshot(table)
+    assert len(snap.files) == 1 and not any(a.get("deletionVector") for a in snap.files.values())
+    assert "deletionVectors" in snap.protocol["readerFeatures"]
+    assert _query(table) == expected == _rows(dv_merge.LiveRows(table).to_table())
+    assert _query(table, version) == expected  # history: the version before reads the same rows
+    newest = next(delta_log.commits(table))
+    assert newest.operation == "OPTIMIZE" and newest.version == version + 1
+    assert delta_log.latest_slotlake_commit(table).end_lsn == "0/20"  # the watermark is the append's still
+    entry = Path(table) / "_delta_log" / f"{version + 1:020d}.json"
+    actions = [json.loads(line) for line in entry.read_text().splitlines()]
+    changes = [a.get("add") or a.get("remove") for a in actions if "add" in a or "remove" in a]
+    assert len(changes) == 4 and all(c["dataChange"] is False for c in changes)
+    assert dv_merge.live_row_count(table) == sum(expected.values())
+    assert dv_merge.compact(table) is None  # one file, no vector: nothing to fold

@@ -28,7 +28,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -414,8 +414,10 @@ class LiveRows:
     a file in memory at a time. CannotMark for a table this module does not read (column mapping, partitions, a vector
     kind or a log it does not know)."""
 
-    def __init__(self, path: str, version: int | None = None, schema: Any = None) -> None:
-        """`schema`: the table's Arrow schema at that version, if the caller has it (else read with delta-rs)."""
+    def __init__(self, path: str, version: int | None = None, schema: Any = None,
+                 only: Collection[str] | None = None) -> None:
+        """`schema`: the table's Arrow schema at that version, if the caller has it (else read with delta-rs);
+        `only`: read only these of its live files (paths as the log holds them)."""
         import pyarrow as pa
 
         snap = delta_log.snapshot(path, version)
@@ -424,7 +426,8 @@ class LiveRows:
         conf = dict(snap.metadata.get("configuration") or {})
         if conf.get("delta.columnMapping.mode", "none") != "none" or snap.metadata.get("partitionColumns"):
             raise CannotMark("column mapping or partitions")
-        self.path, self.version, self._files = path, snap.version, snap.files
+        files = snap.files if only is None else {p: a for p, a in snap.files.items() if p in set(only)}
+        self.path, self.version, self._files = path, snap.version, files
         self.schema = schema if schema is not None else pa.schema(
             delta_log.delta_rs_table(path, snap.version).schema().to_arrow())
 
@@ -506,6 +509,27 @@ def overwrite(gold: str, data: Any, user_metadata: str) -> int:
     if sorted(data.schema.names) != sorted(target.names):
         raise CannotMark(f"the rows' columns {data.schema.names} are not gold's {target.names}")
     now = int(time.time() * 1000)
+    actions, rows, written = _put_files(gold, data, target, now)
+    removes = []
+    for add in snap.files.values():
+        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        removes.append({"remove": _remove(add, now, stats.get("numRecords"))})
+    metrics = {"numFiles": len(actions), "numOutputRows": rows, "numOutputBytes": written,
+               "numRemovedFiles": len(removes)}
+    info = {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Overwrite", "partitionBy": "[]"},
+            "readVersion": snap.version, "isolationLevel": "Serializable", "isBlindAppend": False,
+            "operationMetrics": {k: str(v) for k, v in metrics.items()}, "engineInfo": ENGINE,
+            "txnId": str(uuid.uuid4()), "userMetadata": user_metadata}
+    return _put_entry(gold, snap.version + 1, [{"commitInfo": info}, *removes, *actions], _interval(snap),
+                      "run the replay again")
+
+
+def _put_files(gold: str, data: Any, target: Any, now: int) -> tuple[list[dict[str, Any]], int, int]:
+    """The batches of `data` cast to `target` (gold's Arrow schema) and written as new Parquet files of `gold` of
+    at most `OVERWRITE_FILE_ROWS` rows each: their `add` actions, the rows and the bytes written. CannotMark for
+    rows not of gold's types."""
+    import pyarrow as pa
+
     actions: list[dict[str, Any]] = []
     rows = written = 0
     pending: list[Any] = []
@@ -528,18 +552,60 @@ def overwrite(gold: str, data: Any, user_metadata: str) -> int:
         if sum(b.num_rows for b in pending) >= OVERWRITE_FILE_ROWS:
             flush()
     flush()
+    return actions, rows, written
+
+
+COMPACT_SMALL_BYTES = 64 * 1024 * 1024
+"""`compact` folds the files under this size (and every file with a deletion vector)."""
+
+
+@dataclass(frozen=True)
+class Compacted:
+    """What one `compact` commit did."""
+
+    version: int
+    files_removed: int
+    files_added: int
+    vectors_removed: int
+    rows: int  # the live rows rewritten
+
+
+def compact(gold: str, small_bytes: int = COMPACT_SMALL_BYTES) -> Compacted | None:
+    """Spark's `OPTIMIZE` of a table with deletion vectors, without Spark: the live rows of its files under
+    `small_bytes` and of every file with a vector (the rows it deletes left out) rewritten into new files of at
+    most `OVERWRITE_FILE_ROWS` rows, one `OPTIMIZE` commit whose actions change no data (`dataChange: false`:
+    the table's rows, its watermark and its history are as before). None, nothing written, when there is nothing
+    to fold (no vector and fewer than two small files). CannotMark for a table this module does not write, a
+    MergeError when another writer took the version (its files stay unreferenced, for `VACUUM`)."""
+    import pyarrow as pa
+
+    snap = _writable_snapshot(gold)
+    picked = {p: a for p, a in snap.files.items()
+              if a.get("deletionVector") or int(a.get("size") or 0) < small_bytes}
+    vectors = sum(1 for a in picked.values() if a.get("deletionVector"))
+    if not vectors and len(picked) < 2:
+        return None
+    target = pa.schema(delta_log.delta_rs_table(gold, snap.version).schema().to_arrow())
+    now = int(time.time() * 1000)
+    live = LiveRows(gold, snap.version, target, only=picked)
+    adds, rows, written = _put_files(gold, live.scanner(batch_size=65_536).to_reader(), target, now)
+    for a in adds:
+        a["add"]["dataChange"] = False
     removes = []
-    for add in snap.files.values():
+    for add in picked.values():
         stats = json.loads(add["stats"]) if add.get("stats") else {}
-        removes.append({"remove": _remove(add, now, stats.get("numRecords"))})
-    metrics = {"numFiles": len(actions), "numOutputRows": rows, "numOutputBytes": written,
-               "numRemovedFiles": len(removes)}
-    info = {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Overwrite", "partitionBy": "[]"},
-            "readVersion": snap.version, "isolationLevel": "Serializable", "isBlindAppend": False,
+        removes.append({"remove": {**_remove(add, now, stats.get("numRecords")), "dataChange": False}})
+    metrics = {"numRemovedFiles": len(removes), "numAddedFiles": len(adds), "numAddedBytes": written,
+               "numRemovedBytes": sum(int(a.get("size") or 0) for a in picked.values()),
+               "numDeletionVectorsRemoved": vectors}
+    info = {"timestamp": now, "operation": "OPTIMIZE",
+            "operationParameters": {"predicate": "[]", "zOrderBy": "[]", "auto": "false"},
+            "readVersion": snap.version, "isolationLevel": "SnapshotIsolation", "isBlindAppend": False,
             "operationMetrics": {k: str(v) for k, v in metrics.items()}, "engineInfo": ENGINE,
-            "txnId": str(uuid.uuid4()), "userMetadata": user_metadata}
-    return _put_entry(gold, snap.version + 1, [{"commitInfo": info}, *removes, *actions], _interval(snap),
-                      "run the replay again")
+            "txnId": str(uuid.uuid4())}
+    version = _put_entry(gold, snap.version + 1, [{"commitInfo": info}, *removes, *adds], _interval(snap),
+                         "run the optimize again")
+    return Compacted(version, len(removes), len(adds), vectors, rows)
 
 
 def live_row_count(path: str) -> int | None:
