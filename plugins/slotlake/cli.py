@@ -278,5 +278,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def entry() -> None:
+    """The `slotlake` console script: `main()`, then the process ends without the native libraries' teardown.
+    A native thread pool (Arrow's Parquet threads, apache/arrow#34314) can abort the interpreter's exit after the
+    command finished ("terminate called without an active exception", SIGABRT), and the exit code would then say a
+    sync that committed everything failed. Python's exit handlers still run, running threads are waited for and
+    the output is flushed first."""
+    import atexit
+    import os
+    import threading
+
+    code = main()
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
