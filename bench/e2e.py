@@ -296,7 +296,12 @@ def main() -> None:
     ap.add_argument("--auto-server", action="store_true",
                     help="`spark.server: auto`: the first sync starts the server (inside its time), the later "
                          "ones reuse it, as scheduled syncs do; it is stopped at the end")
+    ap.add_argument("--optimize", action="store_true",
+                    help="after the timed small syncs: `slotlake optimize bench` (timed), what it left in "
+                         "pgbench_accounts, and 5 more idle and 1,000-change syncs")
     args = ap.parse_args()
+    if args.optimize and args.small_keys == "recent":
+        ap.error("--optimize times its syncs with --small-keys random only (recent ones insert their accounts once)")
     if args.bursts < 1:
         ap.error("--bursts must be at least 1")
     if args.server and args.auto_server:
@@ -393,6 +398,13 @@ def main() -> None:
         fixed = fixed_cost(cfg, pg, args.repeat, args.small_keys, args.scale)
         accounts = delta_log.latest_slotlake_commit(paths.gold("public", "pgbench_accounts"))
         aged = gold_shape(paths.gold("public", "pgbench_accounts"))
+        optimized = None
+        if args.optimize:
+            t = time.perf_counter()
+            said = subprocess.run([str(ROOT / ".venv" / "bin" / "slotlake"), "--config", cfg.path, "optimize", "bench"],
+                                  check=True, capture_output=True, text=True).stdout.strip().splitlines()
+            optimized = (time.perf_counter() - t, said, gold_shape(paths.gold("public", "pgbench_accounts")),
+                         fixed_cost(cfg, pg, 5, args.small_keys, args.scale))
         stack.close()  # stops the Spark server, if any
         load_end = os.getloadavg()
         script = "simple-update (-N)" if args.simple_update else "tpcb-like"
@@ -438,6 +450,13 @@ def main() -> None:
             if not runs:  # --repeat 0
                 continue
             print(f"{name}: median {statistics.median(runs):.1f} s (" + ", ".join(f"{x:.1f}" for x in runs) + ")")
+        if optimized is not None:
+            secs, said, shape, after = optimized
+            print(f"slotlake optimize bench: {secs:.1f} s (CLI process): " + "; ".join(said))
+            print(f"pgbench_accounts after it: {shape}")
+            for name, runs in after.items():
+                print(f"after optimize, {name}: median {statistics.median(runs):.1f} s ("
+                      + ", ".join(f"{x:.1f}" for x in runs) + ")")
         print("load average (1/5/15 min): start " + "/".join(f"{x:.1f}" for x in load_start)
               + ", end " + "/".join(f"{x:.1f}" for x in load_end) + f" on {os.cpu_count()} CPUs", flush=True)
 
