@@ -316,9 +316,10 @@ def test_deletion_vectors_on_an_s3a_lake_without_spark(pg_db, tmp_path, s3_serve
     process by marking gold's rows in deletion vectors (merge/dv_merge.py: the vector files and the log entry put on
     S3 with conditional PUTs, nothing of gold rewritten), the FULL-identity table's new rows appended; then a replay
     in place (gold overwritten by `dv_merge.overwrite` on S3, its vectors kept on), a recovery as of a point between
-    two batches into the bucket (gold read through its vectors on S3) and another batch marked on top of the
-    overwrite: all in the CLI's process. Gold equals PostgreSQL after each step, the recovery PostgreSQL's state at
-    that point; every table in the bucket reads the same through delta-rs and Spark (s3a)."""
+    two batches into the bucket (gold read through its vectors on S3), another batch marked on top of the
+    overwrite, `slotlake optimize` (files and vectors folded on S3) and a batch after it: all in the CLI's process.
+    Gold equals PostgreSQL after each step, the recovery PostgreSQL's state at that point; every table in the bucket
+    reads the same through delta-rs and Spark (s3a)."""
     from delta_readers import deletion_vectors
     from slotlake.merge.dv_merge import ENGINE
 
@@ -391,9 +392,17 @@ def test_deletion_vectors_on_an_s3a_lake_without_spark(pg_db, tmp_path, s3_serve
         "\n".join(x for x in out.stderr.splitlines() if "declined" in x) or out.stderr[-3000:]
     assert_gold_equals_pg(f"s3a://{s3_bucket}/dv_out/public/items", pg_db, "recorded.items")
 
-    # a batch marked on top of the overwrite
+    # a batch marked on top of the overwrite, then `slotlake optimize` folds both tables' files and vectors on S3
     in_process(["UPDATE items SET qty = qty - 1 WHERE id % 13 = 0", "DELETE FROM items WHERE id % 113 = 0"])
     assert any(a.get("deletionVector") for a in delta_log.snapshot(items).files.values())
+    mark, files = delta_log.latest_slotlake_commit(items), len(delta_log.snapshot(items).files)
+    out = clirun.slotlake(cfg, "optimize", SOURCE, "--json")
+    assert out.returncode == 0 and clirun.launched_apps(out.stderr) == [], out.stderr[-3000:]
+    done = {d["table"]: d for d in json.loads(out.stdout)}
+    assert done["public.items"]["files_removed"] == files >= 2 and done["public.items"]["vectors_removed"] >= 1, done
+    assert len(delta_log.snapshot(items).files) == 1 and delta_log.latest_slotlake_commit(items) == mark
+    check()
+    in_process(["UPDATE items SET name = 'after optimize' WHERE id % 7 = 0"])
     n, _ = check_bucket(str(cfg), f"s3a://{s3_bucket}/dv")
     assert n >= 5, n  # gold x2, silver, _catalog, _runs
     m, _ = check_bucket(str(cfg), f"s3a://{s3_bucket}/dv_out")
