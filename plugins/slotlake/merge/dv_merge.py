@@ -28,7 +28,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -426,7 +426,8 @@ class LiveRows:
         conf = dict(snap.metadata.get("configuration") or {})
         if conf.get("delta.columnMapping.mode", "none") != "none" or snap.metadata.get("partitionColumns"):
             raise CannotMark("column mapping or partitions")
-        files = snap.files if only is None else {p: a for p, a in snap.files.items() if p in set(only)}
+        wanted = None if only is None else set(only)
+        files = snap.files if wanted is None else {p: a for p, a in snap.files.items() if p in wanted}
         self.path, self.version, self._files = path, snap.version, files
         self.schema = schema if schema is not None else pa.schema(
             delta_log.delta_rs_table(path, snap.version).schema().to_arrow())
@@ -510,10 +511,7 @@ def overwrite(gold: str, data: Any, user_metadata: str) -> int:
         raise CannotMark(f"the rows' columns {data.schema.names} are not gold's {target.names}")
     now = int(time.time() * 1000)
     actions, rows, written = _put_files(gold, data, target, now)
-    removes = []
-    for add in snap.files.values():
-        stats = json.loads(add["stats"]) if add.get("stats") else {}
-        removes.append({"remove": _remove(add, now, stats.get("numRecords"))})
+    removes = _removes(snap.files.values(), now)
     metrics = {"numFiles": len(actions), "numOutputRows": rows, "numOutputBytes": written,
                "numRemovedFiles": len(removes)}
     info = {"timestamp": now, "operation": "WRITE", "operationParameters": {"mode": "Overwrite", "partitionBy": "[]"},
@@ -522,6 +520,16 @@ def overwrite(gold: str, data: Any, user_metadata: str) -> int:
             "txnId": str(uuid.uuid4()), "userMetadata": user_metadata}
     return _put_entry(gold, snap.version + 1, [{"commitInfo": info}, *removes, *actions], _interval(snap),
                       "run the replay again")
+
+
+def _removes(adds: Iterable[Mapping[str, Any]], now: int, data_change: bool = True) -> list[dict[str, Any]]:
+    """The `remove` actions of whole live files (`adds`: their add actions), each with its vector and its
+    statistics' record count."""
+    out = []
+    for add in adds:
+        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        out.append({"remove": {**_remove(add, now, stats.get("numRecords")), "dataChange": data_change}})
+    return out
 
 
 def _put_files(gold: str, data: Any, target: Any, now: int) -> tuple[list[dict[str, Any]], int, int]:
@@ -591,10 +599,7 @@ def compact(gold: str, small_bytes: int = COMPACT_SMALL_BYTES) -> Compacted | No
     adds, rows, written = _put_files(gold, live.scanner(batch_size=65_536).to_reader(), target, now)
     for a in adds:
         a["add"]["dataChange"] = False
-    removes = []
-    for add in picked.values():
-        stats = json.loads(add["stats"]) if add.get("stats") else {}
-        removes.append({"remove": {**_remove(add, now, stats.get("numRecords")), "dataChange": False}})
+    removes = _removes(picked.values(), now, data_change=False)
     metrics = {"numRemovedFiles": len(removes), "numAddedFiles": len(adds), "numAddedBytes": written,
                "numRemovedBytes": sum(int(a.get("size") or 0) for a in picked.values()),
                "numDeletionVectorsRemoved": vectors}

@@ -17,7 +17,6 @@ in between fails the table's commit, which is then not written (run it again).
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,8 +24,6 @@ from slotlake import delta_log
 from slotlake.merge import dv_merge
 from slotlake.merge.plan import COLUMN_MAPPING
 from slotlake.names import TableName
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
