@@ -171,6 +171,17 @@ def apply_definitions(current: Iterable[CatalogVersion],
     return out, changed
 
 
+def only_new_tables(current: Iterable[CatalogVersion], versions: Iterable[CatalogVersion]) -> bool:
+    """Whether `versions` (`apply_definitions` of `current`) keep every current version as it is and add only the
+    bootstrap definitions of relations `current` does not hold: a first sync's catalog, a table added. Such a
+    change needs no schema change anywhere downstream (`decode_in_process` writes it without Spark)."""
+    before = set(current)
+    known = {v.rel_oid for v in before}
+    after = list(versions)
+    return before <= set(after) and all(v.origin == "bootstrap" and v.rel_oid not in known
+                                        for v in after if v not in before)
+
+
 def version_at(versions: Iterable[CatalogVersion], rel_oid: int, lsn: int) -> CatalogVersion | None:
     """The version of `rel_oid` valid at commit LSN `lsn` (valid_from <= lsn < valid_to)."""
     for v in versions:
@@ -189,13 +200,15 @@ def read_catalog(spark, path: str) -> list[CatalogVersion]:
 
     The catalog is read with delta-rs, on a local or an s3a lake (a few hundred rows: no Spark jobs, no Delta
     snapshot to build in the JVM); Spark reads it elsewhere (other lake schemes)."""
-    from delta.tables import DeltaTable
-
     if delta_log.readable(path) and delta_log.has_commits(path):
         rows = delta_log.delta_rs_table(path).to_pyarrow_table().to_pylist()
-    elif not DeltaTable.isDeltaTable(spark, path):
-        return []
+    elif spark is None and delta_log.readable(path):
+        return []  # no table yet (read without a session: `decode_in_process`)
     else:
+        from delta.tables import DeltaTable
+
+        if not DeltaTable.isDeltaTable(spark, path):
+            return []
         rows = spark.read.format("delta").load(path).collect()
     out = []
     for r in rows:
@@ -209,14 +222,57 @@ def read_catalog(spark, path: str) -> list[CatalogVersion]:
     return out
 
 
+def catalog_app_id(source: str) -> str:
+    """The idempotent-write transaction id of `_catalog`'s commits (its version: the decode run's end LSN)."""
+    return f"slotlake-catalog-{source}"
+
+
 def write_catalog(spark, path: str, versions: list[CatalogVersion], *, source: str, end_lsn: Lsn) -> None:
-    """Replace `_catalog` with `versions` in one Delta commit, idempotent per (source, end_lsn)."""
+    """Replace `_catalog` with `versions` in one Delta commit, idempotent per (source, end_lsn). `spark` None: with
+    delta-rs in this process (a local or an s3a lake: `decode_in_process`), the same rows, transaction and
+    userMetadata."""
     rows = [(v.rel_oid, v.schema_name, v.table_name, v.version, v.valid_from_lsn, v.valid_to_lsn,
              v.replica_identity,
              [(c.position, c.name, c.type_oid, c.type_name, c.typmod, c.nullable, c.is_key) for c in v.columns],
              v.origin) for v in versions]
+    if spark is None:
+        _write_catalog_here(path, rows, source=source, end_lsn=end_lsn)
+        return
     df = spark.createDataFrame(rows, CATALOG_DDL)
     (df.write.format("delta").mode("overwrite")
-     .option("txnAppId", f"slotlake-catalog-{source}").option("txnVersion", end_lsn.value)
+     .option("txnAppId", catalog_app_id(source)).option("txnVersion", end_lsn.value)
      .option("userMetadata", CommitMeta(STAGE_CATALOG, end_lsn).json())
      .save(path))
+
+
+def _write_catalog_here(path: str, rows: list[tuple], *, source: str, end_lsn: Lsn) -> None:
+    """`write_catalog`'s commit with delta-rs: an overwrite (a new table the first time) with the same idempotent-
+    write transaction as Spark's writer, so a re-run, or a Spark decode after it, skips it."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    from deltalake.exceptions import TableNotFoundError
+    from deltalake.transaction import CommitProperties, Transaction
+
+    from slotlake import storage
+
+    schema = contracts.arrow_schema(contracts.CATALOG)
+    names = [n for n, _ in contracts.CATALOG]
+    column_names = [f.name for f in schema.field("columns").type.value_type]
+    docs = [dict(zip(names, r)) for r in rows]
+    for d in docs:
+        d["columns"] = [dict(zip(column_names, c)) for c in d["columns"]]
+    data = pa.Table.from_pylist(docs, schema=schema)
+    app_id = catalog_app_id(source)
+    props = CommitProperties(custom_metadata={"userMetadata": CommitMeta(STAGE_CATALOG, end_lsn).json()},
+                             app_transactions=[Transaction(app_id, end_lsn.value)])
+    try:
+        table = delta_log.delta_rs_table(path)
+    except TableNotFoundError:
+        uri, options = storage.delta_rs_table_args(path)
+        write_deltalake(uri, data, mode="overwrite", storage_options=options or None, commit_properties=props)
+        return
+    done = table.transaction_version(app_id)
+    if done is not None and done >= end_lsn.value:
+        return  # this run's catalog commit is in already
+    target = pa.schema(table.schema().to_arrow())  # a table Spark created: its own Arrow form of the same schema
+    write_deltalake(table, data.cast(target), mode="overwrite", commit_properties=props)

@@ -211,6 +211,7 @@ STAGE_DECODE = "decode"  # silver/changes
 STAGE_DDL_LOG = "ddl_log"
 STAGE_CATALOG = "catalog"
 STAGE_MERGE = "merge"  # gold
+STAGE_SNAPSHOT = "snapshot"  # gold: the load of an initial copy
 STAGE_HISTORY = "history"
 STAGE_RUNS = "runs"
 STAGE_RECOVER = "recover"

@@ -346,15 +346,19 @@ def task_in_process(cfg: Config, source_name: str, extracted: Mapping[str, Any])
 
 
 def _merge_in_process(cfg: Config, source_name: str) -> dict[str, float] | None:
-    """`merge_in_process` when every initial copy is in gold (loading one is Spark's): {"merge": seconds}, or None
-    when it declined (nothing written)."""
+    """The merge in this process: the initial copies not in gold yet loaded (`load_copies_in_process`), then
+    silver's changes merged (`merge_in_process`; none yet: nothing to merge). {"merge": seconds}, or None when
+    either declined (what was loaded stays; Spark's merge does the rest)."""
     from slotlake.merge.in_process import merge_in_process
+    from slotlake.merge.snapshot_in_process import load_copies_in_process
 
     if not cfg.spark.in_process_bytes:
         return None
     t = time.monotonic()
     marks = read_watermarks(cfg, source_name)
-    if marks is None or marks.unloaded_copies or merge_in_process(cfg, source_name) is None:
+    if marks is None or (marks.unloaded_copies and load_copies_in_process(cfg, source_name) is None):
+        return None
+    if marks.silver_end is not None and merge_in_process(cfg, source_name) is None:
         return None
     return {"merge": time.monotonic() - t}
 

@@ -85,12 +85,13 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
         conn.execute("INSERT INTO items SELECT g, 'n' || g, g * 1000000000::bigint, g % 2 = 0, DATE '2024-01-01' + g, "
                      "TIMESTAMPTZ '2024-01-01 00:00:00+00' + g * interval '1.5 s', TIMESTAMP '2023-06-01 12:00:00' "
                      "+ g * interval '1 ms', g, NULL, g * 1.25, g * 1.5 FROM generate_series(1, 200) g")
-        conn.execute("INSERT INTO hist VALUES (0, 'seed', '2024-01-01')")
+        conn.execute("INSERT INTO hist VALUES (0, 'seed', '2024-01-01'), (0, 'seed', '2024-01-01')")
         conn.execute("INSERT INTO events VALUES (0, 'seed')")
     spark_cfg = write_config(tmp_path / "slotlake.yaml", pg_db)
     cfg = tmp_path / "slotlake.yaml"
     paths = LakePaths.of(str(tmp_path / "lake"), IN_PROCESS)
-    sync(cfg, IN_PROCESS)  # the initial copies: Spark loads them
+    report, log = sync(cfg, IN_PROCESS)  # the initial copies, loaded here (FULL identity: two identical rows)
+    assert launched_apps(log) == [], log[-3000:]
     sync(spark_cfg, SPARK)
     check(tmp_path, pg_db)
     # the first changes after the copies: decoded and merged here, `_runs` created here
@@ -258,6 +259,74 @@ def test_small_batches_merge_in_process_exactly_as_spark_does(pg_db, tmp_path):
     check(tmp_path, pg_db)
     in_process(["INSERT INTO events VALUES (9, 'after optimize')", "UPDATE items SET name = 'after' WHERE id = 2",
                 "INSERT INTO hist VALUES (9, 'after optimize', now(), 2)"])
+
+
+def test_initial_copies_load_in_process_as_spark_loads_them_and_the_rest_go_to_spark(pg_db, tmp_path):
+    """A new source's first sync loads its copies here (no JVM): keyed, FULL identity with identical rows, soft
+    deletes, `numeric.unconstrained: string`, a time stamp without a zone; every row, `_slotlake_` columns included,
+    as the Spark load of the same copies writes it. A table added later whose copy only Spark types (a double) is
+    declined, logged, and loaded by Spark; the tables loaded before it stay as they are."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text, tl timestamp, amount numeric, d date)")
+        conn.execute("INSERT INTO items SELECT g, 'n' || g, TIMESTAMP '2024-01-01 00:00:00' + g * interval '1 ms', "
+                     "g * 1.000000000000000000001, DATE '2024-01-01' + g FROM generate_series(1, 300) g")
+        conn.execute("INSERT INTO items VALUES (0, NULL, NULL, 'NaN', NULL)")
+        conn.execute("CREATE TABLE hist (a int, b text)")
+        conn.execute("ALTER TABLE hist REPLICA IDENTITY FULL")
+        conn.execute("INSERT INTO hist VALUES (1, 'x'), (1, 'x'), (1, 'x'), (2, NULL), (2, NULL), (3, 'y')")
+        conn.execute("CREATE TABLE events (k int, v text)")  # no key, no rows
+        conn.execute("ALTER TABLE events REPLICA IDENTITY NOTHING")
+        conn.execute("CREATE TABLE ratings (id int PRIMARY KEY, score double precision)")
+        conn.execute("INSERT INTO ratings VALUES (1, 0.5), (2, NULL)")
+    tables = ["public.items", "public.hist", "public.events"]
+    source = {"dsn": pg_db, "tables": tables, "delete_mode": "soft", "numeric": {"unconstrained": "string"}}
+    cfg, spark_cfg = tmp_path / "slotlake.yaml", tmp_path / "spark.yaml"
+
+    def configure(listed: list[str]) -> None:
+        for path, name, lake, more in ((cfg, IN_PROCESS, "lake", {}), (spark_cfg, SPARK, "lake_spark",
+                                                                      {"in_process_bytes": 0})):
+            path.write_text(json.dumps({"lake": str(tmp_path / lake), "spark": {"master": "local[2]", **more},
+                                        "sources": {name: {**source, "tables": listed}}}))
+
+    def same(listed: list[str]) -> None:
+        for t in listed:
+            a = LakePaths.of(str(tmp_path / "lake"), IN_PROCESS).gold(*t.split("."))
+            b = LakePaths.of(str(tmp_path / "lake_spark"), SPARK).gold(*t.split("."))
+            numeric = ["amount"] if t == "public.items" else []
+            assert_gold_equals_pg(a, pg_db, t, numeric_text=numeric)
+            assert gold_rows(a) == gold_rows(b), t
+            assert read_delta_rs(a).schema == read_delta_rs(b).schema, t
+
+    configure(tables)
+    report, log = sync(cfg, IN_PROCESS)
+    assert launched_apps(log) == [], log[-3000:]
+    for t in tables:
+        assert f"snapshot load {t} in this process" in log, log[-3000:]
+    paths = LakePaths.of(str(tmp_path / "lake"), IN_PROCESS)
+    assert delta_log.stage_end(paths.catalog, "catalog") is not None  # the bootstrap definitions, written here
+    assert {m["table"]: m["inserted"] for m in report["merged"]} == {"public.items": 301, "public.hist": 6}, \
+        report["merged"]  # (events: an empty copy, no rows to report)
+    assert delta_log.has_commits(paths.gold("public", "events"))
+    report, log = sync(spark_cfg, SPARK)
+    assert launched_apps(log) == ["sync"], log[-3000:]
+    same(tables)
+    # the changes after the copies: the soft-deleting merge is Spark's (on top of the tables loaded here)
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("DELETE FROM hist WHERE a = 1 AND ctid = (SELECT min(ctid) FROM hist WHERE a = 1)")
+        conn.execute("UPDATE items SET name = 'u', amount = 0.1 WHERE id < 5")
+        conn.execute("DELETE FROM items WHERE id = 7")
+        conn.execute("INSERT INTO events VALUES (1, 'e')")
+    for config, name in ((cfg, IN_PROCESS), (spark_cfg, SPARK)):
+        sync(config, name)
+    same(tables)
+
+    # a table added: its copy holds a double, which Spark types: declined here, loaded by Spark
+    configure([*tables, "public.ratings"])
+    report, log = sync(cfg, IN_PROCESS)
+    assert "snapshot load public.ratings in this process declined (score: a type Spark types)" in log, log[-3000:]
+    assert launched_apps(log) != [], log[-3000:]
+    sync(spark_cfg, SPARK)
+    same([*tables, "public.ratings"])
 
 
 def _create_tables(dsn: str) -> None:

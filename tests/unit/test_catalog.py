@@ -128,3 +128,49 @@ def test_ddl_event_definition_then_matching_relation_message_and_drop():
     assert [(c.position, c.name, c.type_name, c.nullable, c.is_key) for c in v.columns] == [
         (1, "id", "int4", False, True), (2, "total", "numeric", True, False), (3, "v", "text", True, False)]
     assert apply_definitions(versions, defs) == (versions, 0)
+
+
+# ---- what the in-process decode may write itself (`only_new_tables`) and its delta-rs commit ---------------------
+
+B = Relation(11, "public", "lines", ReplicaIdentity.FULL, (Column("a", 23, -1, True), Column("b", 25, -1, True)))
+
+
+def booted(commit_lsn: int, rel: Relation) -> TableDefinition:
+    from dataclasses import replace
+
+    return replace(seen(commit_lsn, rel, lsn=commit_lsn), origin="bootstrap")
+
+
+def test_only_new_tables_bootstrap_definitions_pass_and_every_other_change_does_not():
+    from slotlake.catalog import only_new_tables
+
+    first, _ = apply_definitions([], [booted(100, A)])
+    assert only_new_tables([], first)  # a first sync
+    both, added = apply_definitions(first, [booted(200, B), booted(200, A)])  # a table added, A's repeat
+    assert added == 1 and only_new_tables(first, both)
+    assert only_new_tables(both, apply_definitions(both, [seen(300, A)])[0])  # a repeat: no change at all
+    widened = with_(A, columns=A.columns + (Column("n", 20, -1, False),))
+    assert not only_new_tables(both, apply_definitions(both, [booted(300, widened)])[0])  # A's new version
+    assert not only_new_tables(both, apply_definitions(both, [seen(300, widened)])[0])
+    assert not only_new_tables(both, apply_definitions(both, [drop_definition(300, 299, 10, "public", "orders")])[0])
+    c = with_(B, oid=12, name="other")
+    assert not only_new_tables(both, apply_definitions(both, [seen(300, c)])[0])  # a new table seen in the stream
+
+
+def test_catalog_written_without_spark_reads_back_and_is_idempotent_per_end(tmp_path):
+    from slotlake import delta_log
+    from slotlake.catalog import read_catalog, write_catalog
+    from slotlake.lsn import Lsn
+
+    path = str(tmp_path / "_catalog")
+    assert read_catalog(None, path) == []
+    first, _ = apply_definitions([], [booted(100, A), booted(100, B)])
+    write_catalog(None, path, first, source="shop", end_lsn=Lsn(100))
+    assert read_catalog(None, path) == first
+    assert delta_log.stage_end(path, "catalog") == Lsn(100)
+    write_catalog(None, path, [], source="shop", end_lsn=Lsn(100))  # a re-run of the same end: skipped
+    assert read_catalog(None, path) == first and delta_log.delta_rs_table(path).version() == 0
+    later, _ = apply_definitions(first, [seen(300, with_(A, columns=A.columns[:1]))])
+    write_catalog(None, path, later, source="shop", end_lsn=Lsn(300))
+    assert read_catalog(None, path) == later and len(later) == 3
+    assert delta_log.stage_end(path, "catalog") == Lsn(300) and delta_log.delta_rs_table(path).version() == 1

@@ -36,6 +36,7 @@ from slotlake.bronze import BronzeFile, list_bronze, read_frame_summary
 from slotlake.catalog import (
     apply_definitions,
     drop_definition,
+    only_new_tables,
     read_catalog,
     table_def_definition,
     write_catalog,
@@ -469,8 +470,7 @@ def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult 
     cfg.source(source)
     paths = LakePaths.of(cfg.lake, source)
     s3 = storage.is_s3(paths.root)
-    if not (s3 or silver_write.writes_directly(paths.changes)) or not delta_log.readable(paths.changes) \
-            or not delta_log.has_commits(paths.catalog):
+    if not (s3 or silver_write.writes_directly(paths.changes)) or not delta_log.readable(paths.changes):
         return None
     watermark = None
     if delta_log.is_delta_table(paths.changes):
@@ -478,6 +478,8 @@ def decode_in_process(cfg: Config, source: str, max_bytes: int) -> DecodeResult 
         if watermark is None:
             return None  # a silver table without a decode commit: `decode_watermark` asks Spark's history
     pending = pending_files(list_bronze(paths.root), watermark)
+    if not pending:
+        return _bootstrap_here(paths, source, watermark)
     if not s3:
         return _decode_slice_here(paths, source, pending, in_process_slice(pending, max_bytes), max_bytes)
     with tempfile.TemporaryDirectory(prefix="slotlake-decode-") as stage:
@@ -506,17 +508,37 @@ def _decode_slice_here(paths: LakePaths, source: str, pending: list[BronzeFile],
     if any(r["kind"] == KIND_DDL for r in meta_rows):
         _declined(source, "a DDL event")
         return None
-    changed, _ = _update_catalog(None, paths.catalog, meta_rows, boots, source=source, end_lsn=end)
-    if changed:
-        _declined(source, "a table definition `_catalog` does not hold yet")
+    try:  # a first sync's bootstrap definitions are written here; any other catalog change is Spark's
+        added, _ = _update_catalog(None, paths.catalog, meta_rows, boots, source=source, end_lsn=end)
+    except CatalogChange as why:
+        _declined(source, str(why))
         return None
-    # Test-only failpoint, as `run_decode`'s (its catalog and DDL log have nothing to write here).
+    # Test-only failpoint, as `run_decode`'s (its DDL log has nothing to write here).
     failpoints.die_at(failpoints.DECODE_AFTER_CATALOG)
     n = _write_silver_directly(None, todo, summary, held, paths.changes, source, end, in_driver=True)
     secs = time.monotonic() - started
-    log.info("decode %s in this process: %d bronze files, %d changes, silver now at %s (%.1fs, %.0f rows/s)",
-             source, len(todo), n, end, secs, n / secs if secs else 0)
-    return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=end, catalog_versions_added=0)
+    log.info("decode %s in this process: %d bronze files, %d changes, %d new catalog versions, silver now at %s "
+             "(%.1fs, %.0f rows/s)", source, len(todo), n, added, end, secs, n / secs if secs else 0)
+    return DecodeResult(files_decoded=len(todo), changes_written=n, end_lsn=end, catalog_versions_added=added)
+
+
+def _bootstrap_here(paths: LakePaths, source: str, watermark: Lsn | None) -> DecodeResult | None:
+    """`run_decode` without bronze files to decode, in this process: the bootstrap definitions archived at slot
+    creation past silver's watermark put in `_catalog` (`_update_catalog` without a session: new tables only).
+    None when they are in it already (nothing to do) or for a change Spark's decode writes (logged)."""
+    fresh = [b for b in list_bootstrap(paths.root) if watermark is None or b.lsn > watermark]
+    if not fresh:
+        return None
+    try:
+        added, _ = _update_catalog(None, paths.catalog, [], fresh, source=source, end_lsn=fresh[-1].lsn)
+    except CatalogChange as why:
+        _declined(source, str(why))
+        return None
+    if not added:
+        return None
+    log.info("decode %s in this process: nothing new in bronze (silver is at %s); %d catalog version(s) from the "
+             "bootstrap read", source, watermark, added)
+    return DecodeResult(files_decoded=0, changes_written=0, end_lsn=watermark, catalog_versions_added=added)
 
 
 def _declined(source: str, why: str) -> None:
@@ -706,12 +728,19 @@ def _executor_errors(action):
         raise
 
 
+class CatalogChange(Exception):
+    """A change of `_catalog` the in-process decode leaves to Spark's (`_update_catalog` without a session)."""
+
+
 def _update_catalog(spark, path: str, rows: list, boots: list[BootstrapCatalog], *, source: str,
                     end_lsn: Lsn) -> tuple[int, list[str]]:
     """Version `_catalog` from the bootstrap reads and this run's Relation, Type and DDL-event rows.
 
     Returns (versions changed, warnings). The warning: a schema change seen only through a Relation message
     (no DDL event described it), where a renamed column cannot be told from a dropped one plus an added one.
+    Without a session (`spark` None: `decode_in_process`) the commit is delta-rs's, and only for the bootstrap
+    definitions of tables the catalog does not hold yet (a first sync, a table added); any other change raises
+    CatalogChange, nothing written: Spark's decode writes it.
     """
     from slotlake.source.ddl import parse_ddl_event
 
@@ -738,8 +767,8 @@ def _update_catalog(spark, path: str, rows: list, boots: list[BootstrapCatalog],
     current = read_catalog(spark, path)
     versions, changed = apply_definitions(current, definitions)
     if changed:
-        if spark is None:  # `decode_in_process`: a catalog change is written by the Spark decode
-            return changed, []
+        if spark is None and not only_new_tables(current, versions):
+            raise CatalogChange("a table definition `_catalog` does not hold yet")
         write_catalog(spark, path, versions, source=source, end_lsn=end_lsn)
     before = {(v.rel_oid, v.version) for v in current}
     blind = sorted({f"{v.schema_name}.{v.table_name}" for v in versions

@@ -626,3 +626,40 @@ def live_row_count(path: str) -> int | None:
             return None
         total += int(stats["numRecords"]) - int((add.get("deletionVector") or {}).get("cardinality") or 0)
     return total
+
+
+def create(path: str, data: Any, *, configuration: Mapping[str, str], user_metadata: str,
+           what_to_do: str) -> int:
+    """A new Delta table at `path` holding `data` (a pyarrow Table in the table's schema, every column nullable)
+    in one commit, version 0, written as `overwrite` writes its files: Parquet files of at most `OVERWRITE_FILE_ROWS`
+    rows with their statistics, then the log entry, only if version 0 is free (a MergeError naming `what_to_do`
+    otherwise). The table's properties are `configuration` (any keys: delta-rs's writers refuse keys it does not
+    know, such as `slotlake.snapshot`); the protocol is Spark's for the schema (reader 1, writer 2; reader 3, writer 7
+    with `timestampNtz` for a time stamp without a zone). The commit's userMetadata is `user_metadata`. Returns 0."""
+    import pyarrow as pa
+    from deltalake import Schema
+
+    schema = data.schema
+    now = int(time.time() * 1000)
+    adds, rows, written = _put_files(path, data.to_batches(max_chunksize=65_536), schema, now)
+    ntz = any(pa.types.is_timestamp(f.type) and f.type.tz is None for f in schema)
+    protocol: dict[str, Any] = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"],
+                                "writerFeatures": ["timestampNtz"]} if ntz else \
+        {"minReaderVersion": 1, "minWriterVersion": 2}
+    metadata = {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
+                "schemaString": Schema.from_arrow(schema).to_json(), "partitionColumns": [],
+                "configuration": dict(configuration), "createdTime": now}
+    metrics = {"numFiles": len(adds), "numOutputRows": rows, "numOutputBytes": written}
+    info = {"timestamp": now, "operation": "CREATE TABLE AS SELECT",
+            "operationParameters": {"partitionBy": "[]", "description": None, "isManaged": "false",
+                                    "properties": json.dumps(dict(configuration))},
+            "isolationLevel": "Serializable", "isBlindAppend": False,
+            "operationMetrics": {k: str(v) for k, v in metrics.items()}, "userMetadata": user_metadata,
+            "engineInfo": "slotlake (without Spark)", "txnId": str(uuid.uuid4())}
+    lines = [{"commitInfo": info}, {"metaData": metadata}, {"protocol": protocol}, *adds]
+    try:
+        storage.files_for(path).put_new(storage.join(path, "_delta_log", f"{0:020d}.json"),
+                                        "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n")
+    except FileExistsError:
+        raise MergeError(f"{path}: another writer created the table meanwhile; {what_to_do}") from None
+    return 0

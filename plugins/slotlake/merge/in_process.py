@@ -654,7 +654,6 @@ def _check_gold_holds(plan: TablePlan, gold: str, keys: list, mask) -> None:
 def _append_rows(plan: TablePlan, batch, *, numbered: bool):
     """The batch's inserts as gold rows (gold's column order). `numbered` (FULL identity): identical rows become
     copies 1..n with the LSN and time of the row's last insert, as `job._append_rows` numbers them."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -664,16 +663,7 @@ def _append_rows(plan: TablePlan, batch, *, numbered: bool):
     texts = [_column_texts(new, i) for i in range(ncols)]
     dups = None
     if numbered:
-        # per distinct row (NULLs equal, as the MERGE's <=>): its copies and its last insert (the batch is in
-        # commit order: the greatest row number has the greatest commit LSN)
-        rows = pa.table([*texts, pa.array(np.arange(inserts.num_rows, dtype=np.int64))],
-                        names=[*(f"c{i}" for i in range(ncols)), "__i"])
-        per_row = rows.group_by([f"c{i}" for i in range(ncols)], use_threads=False) \
-            .aggregate([("__i", "max"), ("__i", "count")])
-        counts = per_row.column("__i_count").to_numpy()
-        take = pa.array(np.repeat(per_row.column("__i_max").to_numpy(), counts))
-        starts = np.repeat(np.cumsum(counts) - counts, counts)
-        dups = pa.array((np.arange(len(take)) - starts + 1).astype(np.int32))
+        take, dups = _copies_numbered(texts)
         inserts = inserts.take(take)
         texts = [pc.take(t, take) for t in texts]
     values = [_typed(plan, texts[i], i) for i in range(ncols)]
@@ -684,6 +674,24 @@ def _append_rows(plan: TablePlan, batch, *, numbered: bool):
         cols.append(dups)
         names.append(DUP_COL)
     return pa.table(cols, names=names)
+
+
+def _copies_numbered(texts) -> tuple[Any, Any]:
+    """Rows given as their columns' texts (NULLs equal, as the MERGE's <=>), each distinct row's copies numbered
+    1..n: (the row indices to take, each one's copy number). Every copy of a row is taken as its last one (rows in
+    commit order: the greatest index is the last insert, whose LSN and time the copies keep)."""
+    import numpy as np
+    import pyarrow as pa
+
+    count = len(texts[0]) if texts else 0
+    rows = pa.table([*texts, pa.array(np.arange(count, dtype=np.int64))],
+                    names=[*(f"c{i}" for i in range(len(texts))), "__i"])
+    per_row = rows.group_by([f"c{i}" for i in range(len(texts))], use_threads=False) \
+        .aggregate([("__i", "max"), ("__i", "count")])
+    counts = per_row.column("__i_count").to_numpy()
+    take = pa.array(np.repeat(per_row.column("__i_max").to_numpy(), counts))
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    return take, pa.array((np.arange(len(take)) - starts + 1).astype(np.int32))
 
 
 MAX_GOLD_ROWS_CHECKED = 2_000_000

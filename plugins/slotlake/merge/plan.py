@@ -247,3 +247,17 @@ def parse_tables(arg: str | None) -> tuple[TableName, ...] | None:
         return TableName.parse_list(arg) or None
     except ConfigError as e:
         raise MergeError(f"--tables: {e}") from None
+
+
+def copy_plan(src: Any, copy: Any) -> TablePlan:
+    """The plan of an initial copy's table (`source.copies.TableCopy` of a source `src`, a `config.SourceConfig`)
+    as the copy describes it: the key strategy, gold schema and `numeric.unconstrained` mapping of the merge of the
+    changes after it, so the copy and those changes agree."""
+    from functools import partial
+
+    schema, table = TableName.parse(copy.table)
+    shape = TableShape(schema, table, tuple(c["name"] for c in copy.columns),
+                       tuple(int(c["type_oid"]) for c in copy.columns), tuple(int(c["typmod"]) for c in copy.columns),
+                       tuple(c["name"] for c in copy.columns if c["is_key"]), copy.replica_identity)
+    return plan_table(shape, src.delete_mode, partial(src.numeric.unconstrained_for, copy.table),
+                      keyless_appends=src.keyless_appends(copy.table))

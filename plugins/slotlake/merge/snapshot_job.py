@@ -18,7 +18,6 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -26,6 +25,7 @@ from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, Stru
 
 from slotlake import delta_log
 from slotlake.config import Config
+from slotlake.contracts import STAGE_SNAPSHOT
 from slotlake.lake import LakePaths
 from slotlake.merge.plan import (
     COLUMN_MAPPING,
@@ -36,9 +36,8 @@ from slotlake.merge.plan import (
     LSN_COL,
     USER_METADATA,
     KeyStrategy,
-    TableShape,
+    copy_plan,
     needs_column_mapping,
-    plan_table,
     stage_metadata,
 )
 from slotlake.merge.typing_job import ensure_quarantine, quarantine_bad_values, typed_changes
@@ -50,9 +49,6 @@ from slotlake.spark.schemas import struct_of
 
 log = logging.getLogger(__name__)
 
-STAGE = "snapshot"
-
-
 @dataclass(frozen=True)
 class SnapshotLoad:
     table: str
@@ -60,12 +56,6 @@ class SnapshotLoad:
     rows: int
     gold_version: int | None  # None: already loaded from this copy (nothing done)
     quarantined: int = 0
-
-
-def _property_doc(copy: TableCopy) -> dict:
-    seen = copy.copy_snapshot
-    return {"generation": copy.generation, "copy_id": copy.copy_id, "kind": copy.kind,
-            "visibility": None if seen is None else json.loads(seen.to_json())}
 
 
 def _gold_property(spark: SparkSession, gold: str) -> dict | None:
@@ -113,12 +103,9 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
     loaded = _gold_property(spark, gold)
     if copy.loaded_in(loaded):
         return SnapshotLoad(copy.table, copy.copy_id, copy.rows, None)
-    shape = TableShape(schema, table, tuple(c["name"] for c in copy.columns),
-                       tuple(int(c["type_oid"]) for c in copy.columns), tuple(int(c["typmod"]) for c in copy.columns),
-                       tuple(c["name"] for c in copy.columns if c["is_key"]), copy.replica_identity)
     # The same numeric.unconstrained mapping as the merge, so the copy and the changes after it agree.
-    plan = plan_table(shape, src.delete_mode, partial(src.numeric.unconstrained_for, copy.table),
-                      keyless_appends=src.keyless_appends(copy.table))
+    plan = copy_plan(src, copy)
+    shape = plan.shape
     files = part_paths(paths.root, copy)
     text_schema = StructType([StructField(f"c{i}", StringType()) for i in range(len(copy.columns))])
     raw = spark.read.schema(text_schema).parquet(*files)
@@ -136,10 +123,10 @@ def load_table(spark: SparkSession, cfg: Config, source: str, copy: TableCopy) -
             out = out.withColumn(DUP_COL, F.row_number().over(every).cast(IntegerType()))
         gold_fields = struct_of(plan.gold_schema).fields
         out = out.select(*[F.col(_q(f.name)).cast(f.dataType).alias(f.name) for f in gold_fields])
-        spark.conf.set(USER_METADATA, stage_metadata(copy.watermark, STAGE))
+        spark.conf.set(USER_METADATA, stage_metadata(copy.watermark, STAGE_SNAPSHOT))
         try:
             writer = (out.writeTo(f"delta.{_q(gold)}").using("delta")
-                      .tableProperty(SNAPSHOT_PROPERTY, json.dumps(_property_doc(copy), separators=(",", ":"))))
+                      .tableProperty(SNAPSHOT_PROPERTY, copy.property_doc()))
             if needs_column_mapping(shape.columns):
                 writer = writer.tableProperty(COLUMN_MAPPING, "name")
             if src.uses_deletion_vectors(copy.table):

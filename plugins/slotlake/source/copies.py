@@ -79,6 +79,14 @@ class TableCopy:
         return gold_property is not None and bool(gold_property) and (
             gold_property.get("copy_id"), gold_property.get("generation")) == (self.copy_id, self.generation)
 
+    def property_doc(self) -> str:
+        """The gold table property `slotlake.snapshot` (JSON) of a table loaded from this copy: the copy's name, and
+        for a copy under its own snapshot the visibility filter the merge applies (`loaded_in` reads it)."""
+        seen = self.copy_snapshot
+        return json.dumps({"generation": self.generation, "copy_id": self.copy_id, "kind": self.kind,
+                           "visibility": None if seen is None else json.loads(seen.to_json())},
+                          separators=(",", ":"))
+
     def to_json(self) -> str:
         doc = {k: (str(v) if isinstance(v, Lsn) else v) for k, v in self.__dict__.items()}
         doc["columns"] = list(self.columns)

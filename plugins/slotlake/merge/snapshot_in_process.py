@@ -1,0 +1,122 @@
+"""Initial copies loaded into gold without Spark, in `slotlake sync`'s own process (a source's first sync, a table
+added later): what `snapshot_job.load_table` writes, for the copies this process types exactly.
+
+A first sync used to start a JVM for this alone (with the bootstrap catalog's commit, `decode.job`): ~20 s for a few
+small tables, most of a new user's first run. Here each pending copy (`source.copies.pending_loads`) is read with
+pyarrow, typed by `arrow_values` as the in-process merge types silver (`in_process._typed`), given the `_slotlake_`
+columns the Spark load gives it (the watermark as `_slotlake_lsn`, no commit time, `_slotlake_deleted` false for soft
+deletes, copies of one row numbered 1..n by `_slotlake_dup` for FULL identity) and written by delta-rs as a new gold
+table in one commit: the `slotlake.snapshot` property naming the copy, userMetadata `{"slotlake": {"end_lsn":
+<watermark>, "stage": "snapshot"}}`, the gold schema `plan.gold_schema` says (every column nullable, as Spark's
+CREATE TABLE AS SELECT leaves them).
+
+Declined, nothing written, for a copy Spark loads instead (`load_snapshots` then loads it and the ones after it):
+gold exists already (a resync's copy replaces a table: a new version of it), more than `MAX_COPY_ROWS` rows or
+`in_process_bytes` x `COPY_BYTES_FACTOR` of Parquet (the copy is held in memory), a column type or value
+`arrow_values` does not type exactly (Spark types it and quarantines what gold cannot hold), column names that need
+Delta's column mapping, deletion vectors (the table is created with them), a lake delta-rs does not write here.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from slotlake import delta_log, storage
+from slotlake.config import Config, SourceConfig
+from slotlake.contracts import COMMIT_TS_COL, DELETED_COL, DUP_COL, LSN_COL, STAGE_SNAPSHOT, arrow_type
+from slotlake.lake import LakePaths
+from slotlake.merge import dv_merge
+from slotlake.merge.arrow_values import supported
+from slotlake.merge.in_process import MAX_CHANGES, Declined, _copies_numbered, _typed
+from slotlake.merge.plan import KeyStrategy, copy_plan, needs_column_mapping, stage_metadata
+from slotlake.names import TableName
+from slotlake.source.copies import SNAPSHOT_PROPERTY, TableCopy, load_candidates, part_paths, pending_loads
+
+log = logging.getLogger(__name__)
+
+MAX_COPY_ROWS = MAX_CHANGES
+"""Rows of one copy loaded here at most (held in memory while typed and written); a bigger copy is Spark's."""
+COPY_BYTES_FACTOR = 4
+"""A copy of more Parquet bytes than `spark.in_process_bytes` times this is loaded by Spark (memory)."""
+
+
+@dataclass(frozen=True)
+class CopyLoad:
+    table: str
+    copy_id: str
+    rows: int
+    gold_version: int | None  # None: gold was loaded from this copy already (nothing written)
+
+
+def load_copies_in_process(cfg: Config, source: str) -> list[CopyLoad] | None:
+    """Every complete copy of the current slot generation not in gold yet, loaded here, in order; None at the first
+    copy this process does not load (logged why; the ones before it are loaded, and Spark's `load_snapshots` skips
+    them)."""
+    src = cfg.source(source)
+    paths = LakePaths.of(cfg.lake, source)
+    loads = []
+    for copy in pending_loads(paths.root, load_candidates(paths.root, src)):
+        try:
+            loads.append(_load(src, paths, copy, cfg.spark.in_process_bytes * COPY_BYTES_FACTOR))
+        except Declined as why:
+            log.info("snapshot load %s in this process declined (%s): Spark loads it", copy.table, why)
+            return None
+    return loads
+
+
+def _load(src: SourceConfig, paths: LakePaths, copy: TableCopy, max_bytes: int) -> CopyLoad:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    name = TableName.parse(copy.table)
+    gold = paths.gold(name.schema, name.name)
+    if not delta_log.readable(gold):
+        raise Declined("a lake delta-rs does not write here")
+    if delta_log.has_commits(gold):
+        props = delta_log.table_properties(gold)
+        raw = (props or {}).get(SNAPSHOT_PROPERTY)
+        if props is not None and copy.loaded_in(json.loads(raw) if raw else None):
+            return CopyLoad(copy.table, copy.copy_id, copy.rows, None)
+        raise Declined("gold exists: the copy replaces it in a new version")
+    if copy.rows > MAX_COPY_ROWS or sum(int(p.get("bytes", 0)) for p in copy.parts) > max_bytes:
+        raise Declined(f"more than {MAX_COPY_ROWS:,} rows or {max_bytes:,} bytes of Parquet")
+    plan = copy_plan(src, copy)
+    shape = plan.shape
+    if needs_column_mapping(shape.columns):
+        raise Declined("column names that need Delta's column mapping")
+    if src.uses_deletion_vectors(copy.table):
+        raise Declined("gold gets deletion vectors")
+    for i, c in enumerate(shape.columns):
+        if not supported(shape.type_oids[i], shape.typmods[i], plan.numeric_mode(i)):
+            raise Declined(f"{c}: a type Spark types")
+    n = len(shape.columns)
+    filesystem = None
+    files = []
+    for path in part_paths(paths.root, copy):
+        filesystem, on_fs = storage.arrow_files(path)
+        files.append(on_fs)
+    rows = ds.dataset(files, format="parquet", filesystem=filesystem).to_table(columns=[f"c{i}" for i in range(n)])
+    texts = [rows.column(i).combine_chunks() for i in range(n)]
+    dups = None
+    if plan.strategy is KeyStrategy.FULL_ROW:
+        take, dups = _copies_numbered(texts)
+        texts = [pc.take(t, take) for t in texts]
+    count = len(texts[0]) if texts else rows.num_rows
+    columns = {c: _typed(plan, texts[i], i) for i, c in enumerate(shape.columns)}
+    columns[LSN_COL] = pa.array([int(copy.watermark)] * count, pa.int64())
+    columns[COMMIT_TS_COL] = pa.nulls(count, arrow_type("timestamp"))
+    if plan.soft_delete:
+        columns[DELETED_COL] = pa.array([False] * count, pa.bool_())
+    if dups is not None:
+        columns[DUP_COL] = dups
+    schema = pa.schema([pa.field(f.name, arrow_type(f.type), True) for f in plan.gold_schema])
+    data = pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
+    # (delta-rs's own writers refuse a table property they do not know, such as `slotlake.snapshot`)
+    version = dv_merge.create(gold, data, configuration={SNAPSHOT_PROPERTY: copy.property_doc()},
+                              user_metadata=stage_metadata(copy.watermark, STAGE_SNAPSHOT),
+                              what_to_do="run the sync again")
+    log.info("snapshot load %s in this process: %d rows from copy %s (%s) -> gold version %d, watermark %s",
+             copy.table, count, copy.copy_id, copy.kind, version, copy.watermark)
+    return CopyLoad(copy.table, copy.copy_id, count, version)
