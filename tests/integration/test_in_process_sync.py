@@ -278,7 +278,13 @@ def test_initial_copies_load_in_process_as_spark_loads_them_and_the_rest_go_to_s
         conn.execute("ALTER TABLE events REPLICA IDENTITY NOTHING")
         conn.execute("CREATE TABLE ratings (id int PRIMARY KEY, score double precision)")
         conn.execute("INSERT INTO ratings VALUES (1, 0.5), (2, NULL)")
-    tables = ["public.items", "public.hist", "public.events"]
+        conn.execute("CREATE TABLE big (id int PRIMARY KEY, v text)")  # several batches of BATCH_ROWS
+        conn.execute("INSERT INTO big SELECT g, md5(g::text) FROM generate_series(1, 140000) g")
+        # a date before 1900 in the copy's last batch, which only Spark types: declined after the first batches
+        conn.execute("CREATE TABLE dated (id int PRIMARY KEY, d date)")
+        conn.execute("INSERT INTO dated SELECT g, DATE '2000-01-01' + g % 1000 FROM generate_series(1, 70000) g")
+        conn.execute("UPDATE dated SET d = '1850-06-01' WHERE id = 70000")
+    tables = ["public.items", "public.hist", "public.events", "public.big"]
     source = {"dsn": pg_db, "tables": tables, "delete_mode": "soft", "numeric": {"unconstrained": "string"}}
     cfg, spark_cfg = tmp_path / "slotlake.yaml", tmp_path / "spark.yaml"
 
@@ -304,8 +310,8 @@ def test_initial_copies_load_in_process_as_spark_loads_them_and_the_rest_go_to_s
         assert f"snapshot load {t} in this process" in log, log[-3000:]
     paths = LakePaths.of(str(tmp_path / "lake"), IN_PROCESS)
     assert delta_log.stage_end(paths.catalog, "catalog") is not None  # the bootstrap definitions, written here
-    assert {m["table"]: m["inserted"] for m in report["merged"]} == {"public.items": 301, "public.hist": 6}, \
-        report["merged"]  # (events: an empty copy, no rows to report)
+    assert {m["table"]: m["inserted"] for m in report["merged"]} == {
+        "public.items": 301, "public.hist": 6, "public.big": 140000}, report["merged"]  # (events: an empty copy)
     assert delta_log.has_commits(paths.gold("public", "events"))
     report, log = sync(spark_cfg, SPARK)
     assert launched_apps(log) == ["sync"], log[-3000:]
@@ -320,13 +326,25 @@ def test_initial_copies_load_in_process_as_spark_loads_them_and_the_rest_go_to_s
         sync(config, name)
     same(tables)
 
-    # a table added: its copy holds a double, which Spark types: declined here, loaded by Spark
-    configure([*tables, "public.ratings"])
+    # tables added: a copy with a value only Spark types in its last batch is declined after its first batches
+    # were written (their files removed: gold holds only what its log adds), then loaded by Spark; a copy of a
+    # double, which Spark types, is declined before anything is read
+    tables.append("public.dated")
+    configure(tables)
+    report, log = sync(cfg, IN_PROCESS)
+    assert "snapshot load public.dated in this process declined (public.dated.d: a value" in log, log[-3000:]
+    assert launched_apps(log) != [], log[-3000:]
+    dated = paths.gold("public", "dated")
+    assert {p.name for p in Path(dated).glob("*.parquet")} == set(delta_log.snapshot(dated).files), dated
+    sync(spark_cfg, SPARK)
+    same(tables)
+    tables.append("public.ratings")
+    configure(tables)
     report, log = sync(cfg, IN_PROCESS)
     assert "snapshot load public.ratings in this process declined (score: a type Spark types)" in log, log[-3000:]
     assert launched_apps(log) != [], log[-3000:]
     sync(spark_cfg, SPARK)
-    same([*tables, "public.ratings"])
+    same(tables)
 
 
 def _create_tables(dsn: str) -> None:

@@ -628,20 +628,21 @@ def live_row_count(path: str) -> int | None:
     return total
 
 
-def create(path: str, data: Any, *, configuration: Mapping[str, str], user_metadata: str,
+def create(path: str, schema: Any, batches: Iterable[Any], *, configuration: Mapping[str, str], user_metadata: str,
            what_to_do: str) -> int:
-    """A new Delta table at `path` holding `data` (a pyarrow Table in the table's schema, every column nullable)
-    in one commit, version 0, written as `overwrite` writes its files: Parquet files of at most `OVERWRITE_FILE_ROWS`
-    rows with their statistics, then the log entry, only if version 0 is free (a MergeError naming `what_to_do`
-    otherwise). The table's properties are `configuration` (any keys: delta-rs's writers refuse keys it does not
-    know, such as `slotlake.snapshot`); the protocol is Spark's for the schema (reader 1, writer 2; reader 3, writer 7
-    with `timestampNtz` for a time stamp without a zone). The commit's userMetadata is `user_metadata`. Returns 0."""
+    """A new Delta table at `path` of the Arrow `schema` (every column nullable) holding `batches` (record batches of
+    that schema, read once) in one commit, version 0, written as `overwrite` writes its files: Parquet files of at
+    most `OVERWRITE_FILE_ROWS` rows with their statistics, then the log entry, only if version 0 is free (a
+    MergeError naming `what_to_do` otherwise). An exception from `batches` leaves the files written before it and no
+    log entry (the caller removes them). The table's properties are `configuration` (any keys: delta-rs's writers
+    refuse keys it does not know, such as `slotlake.snapshot`); the protocol is Spark's for the schema (reader 1,
+    writer 2; reader 3, writer 7 with `timestampNtz` for a time stamp without a zone). The commit's userMetadata is
+    `user_metadata`. Returns 0."""
     import pyarrow as pa
     from deltalake import Schema
 
-    schema = data.schema
     now = int(time.time() * 1000)
-    adds, rows, written = _put_files(path, data.to_batches(max_chunksize=65_536), schema, now)
+    adds, rows, written = _put_files(path, batches, schema, now)
     ntz = any(pa.types.is_timestamp(f.type) and f.type.tz is None for f in schema)
     protocol: dict[str, Any] = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["timestampNtz"],
                                 "writerFeatures": ["timestampNtz"]} if ntz else \

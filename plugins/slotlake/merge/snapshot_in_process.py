@@ -10,17 +10,24 @@ table in one commit: the `slotlake.snapshot` property naming the copy, userMetad
 <watermark>, "stage": "snapshot"}}`, the gold schema `plan.gold_schema` says (every column nullable, as Spark's
 CREATE TABLE AS SELECT leaves them).
 
-Declined, nothing written, for a copy Spark loads instead (`load_snapshots` then loads it and the ones after it):
-gold exists already (a resync's copy replaces a table: a new version of it), more than `MAX_COPY_ROWS` rows or
-`in_process_bytes` x `COPY_BYTES_FACTOR` of Parquet (the copy is held in memory), a column type or value
-`arrow_values` does not type exactly (Spark types it and quarantines what gold cannot hold), column names that need
-Delta's column mapping, deletion vectors (the table is created with them), a lake delta-rs does not write here.
+Tables with a key (or none) are read, typed and written a batch of `BATCH_ROWS` at a time, whatever the copy's size
+(Parquet files of at most 1,000,000 rows, `dv_merge.create`); a FULL-identity copy is held whole, its identical rows
+numbered across it, so it is loaded here only up to `MAX_COPY_ROWS` rows and `in_process_bytes` x
+`COPY_BYTES_FACTOR` of Parquet.
+
+Declined for a copy Spark loads instead (`load_snapshots` then loads it and the ones after it): gold exists already
+(a resync's copy replaces a table: a new version of it), a big FULL-identity copy (above), a column type or value
+`arrow_values` does not type exactly (Spark types it and quarantines what gold cannot hold; a value found in a later
+batch: the files written before it are removed, no log entry was), column names that need Delta's column mapping,
+deletion vectors (the table is created with them), a lake delta-rs does not write here.
 """
 from __future__ import annotations
 
 import json
 import logging
 from dataclasses import dataclass
+
+import numpy as np
 
 from slotlake import delta_log, storage
 from slotlake.config import Config, SourceConfig
@@ -29,16 +36,18 @@ from slotlake.lake import LakePaths
 from slotlake.merge import dv_merge
 from slotlake.merge.arrow_values import supported
 from slotlake.merge.in_process import MAX_CHANGES, Declined, _copies_numbered, _typed
-from slotlake.merge.plan import KeyStrategy, copy_plan, needs_column_mapping, stage_metadata
+from slotlake.merge.plan import KeyStrategy, TablePlan, copy_plan, needs_column_mapping, stage_metadata
 from slotlake.names import TableName
 from slotlake.source.copies import SNAPSHOT_PROPERTY, TableCopy, load_candidates, part_paths, pending_loads
 
 log = logging.getLogger(__name__)
 
 MAX_COPY_ROWS = MAX_CHANGES
-"""Rows of one copy loaded here at most (held in memory while typed and written); a bigger copy is Spark's."""
+"""Rows of a FULL-identity copy loaded here at most (held in memory: its identical rows are numbered across the
+copy); a bigger one is Spark's. Other copies are read, typed and written a batch at a time, whatever their size."""
 COPY_BYTES_FACTOR = 4
-"""A copy of more Parquet bytes than `spark.in_process_bytes` times this is loaded by Spark (memory)."""
+"""A FULL-identity copy of more Parquet bytes than `spark.in_process_bytes` times this is loaded by Spark."""
+BATCH_ROWS = 65_536  # copied rows typed and written at a time (tables with a key, or none)
 
 
 @dataclass(frozen=True)
@@ -67,8 +76,6 @@ def load_copies_in_process(cfg: Config, source: str) -> list[CopyLoad] | None:
 
 def _load(src: SourceConfig, paths: LakePaths, copy: TableCopy, max_bytes: int) -> CopyLoad:
     import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
 
     name = TableName.parse(copy.table)
     gold = paths.gold(name.schema, name.name)
@@ -80,10 +87,12 @@ def _load(src: SourceConfig, paths: LakePaths, copy: TableCopy, max_bytes: int) 
         if props is not None and copy.loaded_in(json.loads(raw) if raw else None):
             return CopyLoad(copy.table, copy.copy_id, copy.rows, None)
         raise Declined("gold exists: the copy replaces it in a new version")
-    if copy.rows > MAX_COPY_ROWS or sum(int(p.get("bytes", 0)) for p in copy.parts) > max_bytes:
-        raise Declined(f"more than {MAX_COPY_ROWS:,} rows or {max_bytes:,} bytes of Parquet")
     plan = copy_plan(src, copy)
     shape = plan.shape
+    numbered = plan.strategy is KeyStrategy.FULL_ROW
+    if numbered and (copy.rows > MAX_COPY_ROWS or sum(int(p.get("bytes", 0)) for p in copy.parts) > max_bytes):
+        raise Declined(f"a FULL-identity copy of more than {MAX_COPY_ROWS:,} rows or {max_bytes:,} bytes of Parquet "
+                       "(its identical rows are numbered in memory)")
     if needs_column_mapping(shape.columns):
         raise Declined("column names that need Delta's column mapping")
     if src.uses_deletion_vectors(copy.table):
@@ -91,32 +100,68 @@ def _load(src: SourceConfig, paths: LakePaths, copy: TableCopy, max_bytes: int) 
     for i, c in enumerate(shape.columns):
         if not supported(shape.type_oids[i], shape.typmods[i], plan.numeric_mode(i)):
             raise Declined(f"{c}: a type Spark types")
-    n = len(shape.columns)
+    schema = pa.schema([pa.field(f.name, arrow_type(f.type), True) for f in plan.gold_schema])
+    rows = [0]
+
+    def batches():
+        for texts in _copy_texts(paths, copy, whole=numbered):
+            batch = _gold_batch(plan, copy, texts, schema)
+            rows[0] += batch.num_rows
+            yield batch
+
+    try:
+        # (delta-rs's own writers refuse a table property they do not know, such as `slotlake.snapshot`)
+        version = dv_merge.create(gold, schema, batches(), configuration={SNAPSHOT_PROPERTY: copy.property_doc()},
+                                  user_metadata=stage_metadata(copy.watermark, STAGE_SNAPSHOT),
+                                  what_to_do="run the sync again")
+    except Declined:
+        if not delta_log.has_commits(gold):  # the files written before the value it declined: not a table yet
+            storage.files_for(gold).remove_tree(gold)
+        raise
+    log.info("snapshot load %s in this process: %d rows from copy %s (%s) -> gold version %d, watermark %s",
+             copy.table, rows[0], copy.copy_id, copy.kind, version, copy.watermark)
+    return CopyLoad(copy.table, copy.copy_id, rows[0], version)
+
+
+def _copy_texts(paths: LakePaths, copy: TableCopy, *, whole: bool):
+    """The copy's rows as each column's texts (PostgreSQL's, NULL for SQL NULL): batches of `BATCH_ROWS` read
+    part by part, or `whole`, the copy at once (one batch: a FULL-identity table's identical rows are numbered
+    across the copy)."""
+    import pyarrow.dataset as ds
+
+    n = len(copy.columns)
+    columns = [f"c{i}" for i in range(n)]
     filesystem = None
     files = []
     for path in part_paths(paths.root, copy):
         filesystem, on_fs = storage.arrow_files(path)
         files.append(on_fs)
-    rows = ds.dataset(files, format="parquet", filesystem=filesystem).to_table(columns=[f"c{i}" for i in range(n)])
-    texts = [rows.column(i).combine_chunks() for i in range(n)]
+    data = ds.dataset(files, format="parquet", filesystem=filesystem)
+    if whole:
+        table = data.to_table(columns=columns)
+        yield [table.column(i).combine_chunks() for i in range(n)]
+        return
+    for batch in data.to_batches(columns=columns, batch_size=BATCH_ROWS):
+        yield [batch.column(i) for i in range(n)]
+
+
+def _gold_batch(plan: TablePlan, copy: TableCopy, texts: list, schema):
+    """Copied rows (each column's texts) as a batch of gold's `schema`: the values typed (Declined for one this
+    process does not type exactly), `_slotlake_lsn` the copy's watermark, no commit time, not deleted, and for
+    FULL identity the copy number of each row among the identical ones (`texts` is then the whole copy)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     dups = None
     if plan.strategy is KeyStrategy.FULL_ROW:
         take, dups = _copies_numbered(texts)
         texts = [pc.take(t, take) for t in texts]
-    count = len(texts[0]) if texts else rows.num_rows
-    columns = {c: _typed(plan, texts[i], i) for i, c in enumerate(shape.columns)}
-    columns[LSN_COL] = pa.array([int(copy.watermark)] * count, pa.int64())
+    count = len(texts[0]) if texts else 0
+    columns = {c: _typed(plan, texts[i], i) for i, c in enumerate(plan.shape.columns)}
+    columns[LSN_COL] = pa.array(np.full(count, int(copy.watermark), dtype=np.int64))
     columns[COMMIT_TS_COL] = pa.nulls(count, arrow_type("timestamp"))
     if plan.soft_delete:
-        columns[DELETED_COL] = pa.array([False] * count, pa.bool_())
+        columns[DELETED_COL] = pa.array(np.zeros(count, dtype=bool))
     if dups is not None:
         columns[DUP_COL] = dups
-    schema = pa.schema([pa.field(f.name, arrow_type(f.type), True) for f in plan.gold_schema])
-    data = pa.table([columns[f.name].cast(f.type) for f in schema], schema=schema)
-    # (delta-rs's own writers refuse a table property they do not know, such as `slotlake.snapshot`)
-    version = dv_merge.create(gold, data, configuration={SNAPSHOT_PROPERTY: copy.property_doc()},
-                              user_metadata=stage_metadata(copy.watermark, STAGE_SNAPSHOT),
-                              what_to_do="run the sync again")
-    log.info("snapshot load %s in this process: %d rows from copy %s (%s) -> gold version %d, watermark %s",
-             copy.table, count, copy.copy_id, copy.kind, version, copy.watermark)
-    return CopyLoad(copy.table, copy.copy_id, count, version)
+    return pa.RecordBatch.from_arrays([columns[f.name].cast(f.type) for f in schema], schema=schema)
