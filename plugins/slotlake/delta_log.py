@@ -67,6 +67,12 @@ def local_path(path: str) -> Path:
     return storage.local_path(path)
 
 
+def has_deletion_vectors(table: Any) -> bool:
+    """Whether the delta-rs table `table` (`delta_rs_table`) has the `deletionVectors` reader feature: its files may
+    carry deletion vectors, which delta-rs reads (its query engine) but does not write (`merge/dv_merge.py` does)."""
+    return "deletionVectors" in (table.protocol().reader_features or [])
+
+
 def readable(path: str) -> bool:
     """True when this module can read the log at `path`: a local lake or an s3a:// one (through slotlake.storage)."""
     return storage.supported(path)

@@ -95,7 +95,7 @@ def open_dataset(path: str, version: int | None = None):
     props = table.metadata().configuration or {}
     if props.get(COLUMN_MAPPING, "none") != "none":
         raise Declined(f"{path} maps columns")
-    if props.get(DELETION_VECTORS) == "true" or "deletionVectors" in (table.protocol().reader_features or []):
+    if props.get(DELETION_VECTORS) == "true" or delta_log.has_deletion_vectors(table):
         import pyarrow as pa
 
         try:  # (delta-rs has read this version's log: its schema, not a second read)

@@ -55,7 +55,7 @@ def optimize_table(path: str, name: TableName) -> TableOptimize:
     table = delta_log.delta_rs_table(path)
     if (table.metadata().configuration or {}).get(COLUMN_MAPPING, "none") != "none":
         return TableOptimize(str(name), None, skipped="its columns are mapped: Spark SQL's OPTIMIZE compacts it")
-    if "deletionVectors" in (table.protocol().reader_features or []):
+    if delta_log.has_deletion_vectors(table):
         try:
             done = dv_merge.compact(path)
         except dv_merge.CannotMark as e:

@@ -252,7 +252,7 @@ def row_count(path: str) -> int | None:
         return None
     try:
         table = delta_log.delta_rs_table(path)
-        if "deletionVectors" in (table.protocol().reader_features or []):
+        if delta_log.has_deletion_vectors(table):
             from slotlake.merge.dv_merge import live_row_count
 
             return live_row_count(path)

@@ -407,7 +407,7 @@ def _write_back(paths: LakePaths, rebuilt: dict[tuple[str, str], str], user_meta
 
 def _has_vectors(gold: str) -> bool:
     """Whether `gold`'s protocol reads deletion vectors (delta-rs does not write the table: `dv_merge` does)."""
-    return "deletionVectors" in (delta_log.delta_rs_table(gold).protocol().reader_features or [])
+    return delta_log.has_deletion_vectors(delta_log.delta_rs_table(gold))
 
 
 def _check_writable(gold: str) -> None:
