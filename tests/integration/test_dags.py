@@ -172,11 +172,11 @@ def test_sync_dag_runs_gold_equals_postgres(pg_db, airflow_home, tmp_path):
     deletes, key changes and a TRUNCATE; run 3 plain inserts, updates and deletes.
     After each, every gold table equals PostgreSQL row by row.
 
-    Run 1's catalog is new and run 2's key change of a row with unchanged TOAST is Spark's to merge: their Spark
-    tasks run in this worker's `slotlake spark-server` (`SLOTLAKE_SPARK_SERVER`, the deployment-wide setting, which
-    `spark.server` in the config overrides the same way: the DAG's task types for it are in
-    test_with_a_spark_server_the_spark_tasks_send_their_apps_there), never spark-submit; run 2's decode and all of
-    run 3 are the `in_process` task's, without a JVM, and the branch skips the Spark tasks it did. The
+    Run 1 (the bootstrap catalog and the initial copies), run 2's decode and all of run 3 are the `in_process`
+    task's, without a JVM, and the branch skips the Spark tasks it did; run 2's key change of a row with unchanged
+    TOAST is Spark's to merge: its merge task runs in this worker's `slotlake spark-server` (`SLOTLAKE_SPARK_SERVER`,
+    the deployment-wide setting, which `spark.server` in the config overrides the same way: the DAG's task types
+    for it are in test_with_a_spark_server_the_spark_tasks_send_their_apps_there), never spark-submit. The
     SparkSubmitOperators of a config without a server run end to end in
     tests/integration/test_standalone_cluster.py and are skipped in
     test_sync_dag_with_nothing_new_skips_decode_and_merge."""
@@ -193,7 +193,7 @@ def test_sync_dag_runs_gold_equals_postgres(pg_db, airflow_home, tmp_path):
                "DELETE FROM products WHERE sku = 'SKU-4'",
                "INSERT INTO order_items VALUES (4, 'SKU-1', 1, 24.90), (4, 'SKU-1', 1, 24.90)"]
     expected = {  # per run: what the in_process task did, whether Spark merged, the task announcing gold's changes
-        1: ("0 slice(s) decoded and 0 merged; for Spark: decode and merge due", True, "merge"),
+        1: ("1 slice(s) decoded and 1 merged; nothing left for Spark", False, "in_process"),
         2: ("1 slice(s) decoded and 0 merged; for Spark: merge due", True, "merge"),
         3: ("1 slice(s) decoded and 1 merged; nothing left for Spark", False, "in_process"),
     }
@@ -229,7 +229,8 @@ def test_sync_dag_with_nothing_new_skips_decode_and_merge(pg_db, airflow_home, t
     """A DAG run after which nothing is due skips its SparkSubmit tasks before spark-submit (no JVM) and still
     reports; gold stays equal to PostgreSQL.
 
-    The first run, which loads the initial copy, sends its apps to this worker's warm server (the DAG of a
+    The first run, which puts the bootstrap catalog in `_catalog` and loads the initial copies, does both in its
+    `in_process` task without a JVM, although its environment names this worker's warm server (the DAG of a
     deployment with `SLOTLAKE_SPARK_SERVER`); the second is the DAG of a config without a server, whose decode and
     merge are SparkSubmitOperators. Those operators' spark-submits run end to end in
     tests/integration/test_standalone_cluster.py."""
@@ -239,9 +240,11 @@ def test_sync_dag_with_nothing_new_skips_decode_and_merge(pg_db, airflow_home, t
             conn.execute(s)
     cfg = write_config(tmp_path / "slotlake.yaml", pg_db)
     env = local_airflow_env(airflow_home, cfg)
-    # the initial copy is loaded: decode and merge run
+    # the initial copies are loaded by the in_process task: nothing is left for the Spark tasks
     first = dags_test({**env, SPARK_SERVER_ENV: warm_spark_server}, "slotlake_sync__shop")
-    assert "finished on the Spark server" in first and "decode and merge skipped" not in first
+    assert "sync shop in this process: 1 slice(s) decoded and 1 merged; nothing left for Spark" in first, \
+        first[-3000:]
+    assert "finished on the Spark server" not in first and "Spark-Submit cmd" not in first, first[-3000:]
     second = dags_test(env, "slotlake_sync__shop")
     assert "decode and merge skipped: nothing new" in second
     assert "Spark-Submit cmd" not in second  # neither SparkSubmitOperator reached spark-submit

@@ -99,9 +99,10 @@ def test_cli_and_sync_dag_submit_to_the_cluster(pg_db, tmp_path, cluster, exec_p
     SparkSubmitOperators submit to the connection's master with the settings for it: the package as --py-files, no
     local PYTHONPATH. Gold equals PostgreSQL after each; every app FINISHED on the master."""
     run_sql(pg_db, [SCHEMA, *ROUND_1])
+    # in_process_bytes 0: the CLI's first sync and the DAG's in_process task leave the catalog, the copies' load
+    # and the decode to Spark (they would do them without a JVM)
     cli_cfg = write_config(tmp_path / "slotlake.yaml", pg_db,
-                           f'{{master: "{cluster.master}", conf: {cluster_spark(exec_python)}}}')
-    # in_process_bytes 0: the DAG's in_process task leaves the decode to Spark (it would do it without a JVM)
+                           f'{{master: "{cluster.master}", in_process_bytes: 0, conf: {cluster_spark(exec_python)}}}')
     dag_cfg = write_config(tmp_path / "slotlake-dag.yaml", pg_db,
                            f'{{master: "local[2]", conn_id: slotlake_cluster, in_process_bytes: 0, '
                            f'conf: {cluster_spark(exec_python)}}}')
