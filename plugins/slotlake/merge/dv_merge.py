@@ -18,6 +18,10 @@ deletion vectors would (PROTOCOL.md, "Deletion Vectors"):
 A file's `stats` are kept (`tightBounds` false: some of its rows are deleted); the new file's hold `numRecords`,
 `nullCount`, and `minValues`/`maxValues` of its integer, date and short string columns. Anything else this module
 does not write exactly raises `CannotMark` before anything is written: the caller leaves the batch to Spark.
+
+The same log writing serves `overwrite` and `compact` (a table's whole content rewritten, its vectors dropped) and
+`create`: a new table's version 0 with a table property delta-rs's writers refuse (`slotlake.snapshot`, the load of
+an initial copy without Spark, `merge/snapshot_in_process.py`).
 """
 from __future__ import annotations
 
