@@ -329,22 +329,19 @@ def test_initial_copies_load_in_process_as_spark_loads_them_and_the_rest_go_to_s
     # tables added: a copy with a value only Spark types in its last batch is declined after its first batches
     # were written (their files removed: gold holds only what its log adds), then loaded by Spark; a copy of a
     # double, which Spark types, is declined before anything is read
-    tables.append("public.dated")
-    configure(tables)
-    report, log = sync(cfg, IN_PROCESS)
-    assert "snapshot load public.dated in this process declined (public.dated.d: a value" in log, log[-3000:]
-    assert launched_apps(log) != [], log[-3000:]
-    dated = paths.gold("public", "dated")
-    assert {p.name for p in Path(dated).glob("*.parquet")} == set(delta_log.snapshot(dated).files), dated
-    sync(spark_cfg, SPARK)
-    same(tables)
-    tables.append("public.ratings")
-    configure(tables)
-    report, log = sync(cfg, IN_PROCESS)
-    assert "snapshot load public.ratings in this process declined (score: a type Spark types)" in log, log[-3000:]
-    assert launched_apps(log) != [], log[-3000:]
-    sync(spark_cfg, SPARK)
-    same(tables)
+    def added(table: str, why: str) -> None:
+        tables.append(table)
+        configure(tables)
+        _, log = sync(cfg, IN_PROCESS)
+        assert f"snapshot load {table} in this process declined ({why}" in log, log[-3000:]
+        assert launched_apps(log) != [], log[-3000:]
+        gold = paths.gold(*table.split("."))
+        assert {p.name for p in Path(gold).glob("*.parquet")} == set(delta_log.snapshot(gold).files), gold
+        sync(spark_cfg, SPARK)
+        same(tables)
+
+    added("public.dated", "public.dated.d: a value")
+    added("public.ratings", "score: a type Spark types")
 
 
 def _create_tables(dsn: str) -> None:
