@@ -739,7 +739,7 @@ def _update_catalog(spark, path: str, rows: list, boots: list[BootstrapCatalog],
     Returns (versions changed, warnings). The warning: a schema change seen only through a Relation message
     (no DDL event described it), where a renamed column cannot be told from a dropped one plus an added one.
     Without a session (`spark` None: `decode_in_process`) the commit is delta-rs's, and only for the bootstrap
-    definitions of tables the catalog does not hold yet (a first sync, a table added); any other change raises
+    definitions of tables the catalog does not hold yet (a new source's first sync); any other change raises
     CatalogChange, nothing written: Spark's decode writes it.
     """
     from slotlake.source.ddl import parse_ddl_event
