@@ -173,7 +173,7 @@ def apply_definitions(current: Iterable[CatalogVersion],
 
 def only_new_tables(current: Iterable[CatalogVersion], versions: Iterable[CatalogVersion]) -> bool:
     """Whether `versions` (`apply_definitions` of `current`) keep every current version as it is and add only the
-    bootstrap definitions of relations `current` does not hold: a first sync's catalog, a table added. Such a
+    bootstrap definitions of relations `current` does not hold: a new source's first sync. Such a
     change needs no schema change anywhere downstream (`decode_in_process` writes it without Spark)."""
     before = set(current)
     known = {v.rel_oid for v in before}

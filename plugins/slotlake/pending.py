@@ -19,7 +19,6 @@ an object store other than S3, a log written by an older slotlake) counts as due
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
@@ -100,7 +99,7 @@ def read_watermarks(cfg: Config, source_name: str) -> LakeWatermarks | None:
     from slotlake import bronze
     from slotlake.names import TableName
     from slotlake.source.catalog_read import list_bootstrap
-    from slotlake.source.copies import SNAPSHOT_PROPERTY, load_candidates, pending_loads
+    from slotlake.source.copies import load_candidates, pending_loads, snapshot_doc
 
     src = cfg.source(source_name)
     paths = LakePaths.of(cfg.lake, source_name)
@@ -109,9 +108,7 @@ def read_watermarks(cfg: Config, source_name: str) -> LakeWatermarks | None:
 
     unloaded = []
     for copy in pending_loads(paths.root, load_candidates(paths.root, src)):
-        props = delta_log.table_properties(paths.gold(*TableName.parse(copy.table)))
-        doc = json.loads(props[SNAPSHOT_PROPERTY]) if props and props.get(SNAPSHOT_PROPERTY) else None
-        if not copy.loaded_in(doc):
+        if not copy.loaded_in(snapshot_doc(delta_log.table_properties(paths.gold(*TableName.parse(copy.table))))):
             unloaded.append(copy.table)
     return LakeWatermarks(
         bronze_end=bronze.max_archived_end(paths.root),

@@ -364,14 +364,14 @@ def _put_entry(gold: str, version: int, lines: Sequence[Mapping[str, Any]], chec
                what_to_do: str) -> int:
     """The log entry `version` of `gold` := `lines`, only if that version is free (a MergeError naming
     `what_to_do` if another writer took it: nothing of this commit is live); a checkpoint at a multiple of the
-    table's interval, as Spark writes one after its own commit. Returns `version`."""
+    table's interval after version 0, as Spark writes one after its own commit. Returns `version`."""
     entry = storage.join(gold, "_delta_log", f"{version:020d}.json")
     try:
         storage.files_for(gold).put_new(
             entry, "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n")
     except FileExistsError:
         raise MergeError(f"{gold}: another writer committed version {version} meanwhile; {what_to_do}") from None
-    if version % max(checkpoint_interval, 1) == 0:
+    if version and version % max(checkpoint_interval, 1) == 0:
         try:
             delta_log.delta_rs_table(gold).create_checkpoint()  # (delta-rs writes each file's vector into it)
         except Exception as e:  # the commit stands; the next checkpoint covers it
@@ -661,10 +661,5 @@ def create(path: str, schema: Any, batches: Iterable[Any], *, configuration: Map
             "isolationLevel": "Serializable", "isBlindAppend": False,
             "operationMetrics": {k: str(v) for k, v in metrics.items()}, "userMetadata": user_metadata,
             "engineInfo": "slotlake (without Spark)", "txnId": str(uuid.uuid4())}
-    lines = [{"commitInfo": info}, {"metaData": metadata}, {"protocol": protocol}, *adds]
-    try:
-        storage.files_for(path).put_new(storage.join(path, "_delta_log", f"{0:020d}.json"),
-                                        "\n".join(json.dumps(a, separators=(",", ":")) for a in lines).encode() + b"\n")
-    except FileExistsError:
-        raise MergeError(f"{path}: another writer created the table meanwhile; {what_to_do}") from None
-    return 0
+    return _put_entry(path, 0, [{"commitInfo": info}, {"metaData": metadata}, {"protocol": protocol}, *adds], 10,
+                      what_to_do)

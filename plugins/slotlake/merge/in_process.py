@@ -34,7 +34,6 @@ marked as a complete run, as `record_runs` writes them.
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Callable, Sequence
@@ -270,7 +269,7 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     most `budget` changes (the run's `MAX_CHANGES` left)."""
     from slotlake.merge.job import _footer_groups
     from slotlake.merge.watermarks import _local_delta_state
-    from slotlake.source.copies import SNAPSHOT_PROPERTY
+    from slotlake.source.copies import snapshot_doc
 
     state = _local_delta_state(gold)
     if state is None or state.version is None:
@@ -305,7 +304,7 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
     props = delta_log.table_properties(gold)
     if props is None or props.get(COLUMN_MAPPING, "none") != "none":
         raise Declined(f"{name}: gold maps columns")
-    if props.get(SNAPSHOT_PROPERTY) and (json.loads(props[SNAPSHOT_PROPERTY]) or {}).get("visibility"):
+    if (snapshot_doc(props) or {}).get("visibility"):
         raise Declined(f"{name}: gold filters changes by its copy's snapshot")
     text = str(name)
     if src.keeps_history(text):

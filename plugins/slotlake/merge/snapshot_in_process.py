@@ -23,7 +23,6 @@ deletion vectors (the table is created with them), a lake delta-rs does not writ
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 
@@ -38,7 +37,14 @@ from slotlake.merge.arrow_values import supported
 from slotlake.merge.in_process import MAX_CHANGES, Declined, _copies_numbered, _typed
 from slotlake.merge.plan import KeyStrategy, TablePlan, copy_plan, needs_column_mapping, stage_metadata
 from slotlake.names import TableName
-from slotlake.source.copies import SNAPSHOT_PROPERTY, TableCopy, load_candidates, part_paths, pending_loads
+from slotlake.source.copies import (
+    SNAPSHOT_PROPERTY,
+    TableCopy,
+    load_candidates,
+    part_paths,
+    pending_loads,
+    snapshot_doc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +88,7 @@ def _load(src: SourceConfig, paths: LakePaths, copy: TableCopy, max_bytes: int) 
     if not delta_log.readable(gold):
         raise Declined("a lake delta-rs does not write here")
     if delta_log.has_commits(gold):
-        props = delta_log.table_properties(gold)
-        raw = (props or {}).get(SNAPSHOT_PROPERTY)
-        if props is not None and copy.loaded_in(json.loads(raw) if raw else None):
+        if copy.loaded_in(snapshot_doc(delta_log.table_properties(gold))):
             return CopyLoad(copy.table, copy.copy_id, copy.rows, None)
         raise Declined("gold exists: the copy replaces it in a new version")
     plan = copy_plan(src, copy)

@@ -43,7 +43,14 @@ from slotlake.merge.plan import (
 from slotlake.merge.typing_job import ensure_quarantine, quarantine_bad_values, typed_changes
 from slotlake.names import TableName
 from slotlake.names import spark_ident as _q
-from slotlake.source.copies import SNAPSHOT_PROPERTY, TableCopy, load_candidates, part_paths, pending_loads
+from slotlake.source.copies import (
+    SNAPSHOT_PROPERTY,
+    TableCopy,
+    load_candidates,
+    part_paths,
+    pending_loads,
+    snapshot_doc,
+)
 from slotlake.source.visibility import CopySnapshot
 from slotlake.spark.schemas import struct_of
 
@@ -66,13 +73,10 @@ def _gold_property(spark: SparkSession, gold: str) -> dict | None:
             return None
         local = delta_log.table_properties(gold)
         if local is not None:
-            raw = local.get(SNAPSHOT_PROPERTY)
-            return json.loads(raw) if raw else None
+            return snapshot_doc(local)
     if not DeltaTable.isDeltaTable(spark, gold):
         return None
-    props = DeltaTable.forPath(spark, gold).detail().select("properties").collect()[0][0] or {}
-    raw = props.get(SNAPSHOT_PROPERTY)
-    return json.loads(raw) if raw else None
+    return snapshot_doc(DeltaTable.forPath(spark, gold).detail().select("properties").collect()[0][0])
 
 
 def gold_copy_snapshot(spark: SparkSession, gold: str) -> CopySnapshot | None:

@@ -25,6 +25,13 @@ GENERATIONS = "_generations"
 PUBLICATIONS = "_publications"  # when a publication created after the slot may be read with it
 SNAPSHOT_PROPERTY = "slotlake.snapshot"  # gold table property naming the copy the table was loaded from
 
+
+def snapshot_doc(properties: Mapping[str, str] | None) -> dict[str, Any] | None:
+    """The `slotlake.snapshot` property (`TableCopy.property_doc`) among a gold table's properties, parsed; None
+    when the table has none (or its properties are unknown: None)."""
+    raw = (properties or {}).get(SNAPSHOT_PROPERTY)
+    return json.loads(raw) if raw else None
+
 # ---- records ------------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
