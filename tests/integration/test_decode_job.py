@@ -518,7 +518,7 @@ def test_the_silver_files_layout_summaries_stand_in_for_the_merges_first_pass(sp
 
     import slotlake.merge.job as merge_job
     from oracle import assert_gold_equals_pg
-    from slotlake.merge.watermarks import silver_file_stats
+    from slotlake.merge.watermarks import footer_groups, silver_file_stats
     from slotlake.names import TableName
     from slotlake.source.extract import extract
     from slotlake.source.preflight import run_preflight
@@ -551,22 +551,22 @@ def test_the_silver_files_layout_summaries_stand_in_for_the_merges_first_pass(sp
     end = decode_watermark(spark, paths.changes, "shop")
     for name in ("ls_a", "ls_b"):
         table = TableName("public", name)
-        from_footers = merge_job._footer_groups(paths.changes, files, table, None, end)
+        from_footers = footer_groups(paths.changes, files, table, None, end)
         batch = silver_rows_df(spark, paths.changes, name, end)
         from_spark = merge_job._spark_groups(batch)
         assert from_footers is not None
         assert sorted(from_footers, key=repr) == sorted(from_spark, key=repr)
         assert sum(g.n for g in from_spark) == batch.count()
-    a = {g.shape_map["columns"] if g.shape else None: g for g in merge_job._footer_groups(
+    a = {g.shape_map["columns"] if g.shape else None: g for g in footer_groups(
         paths.changes, files, TableName("public", "ls_a"), None, end)}
     assert set(a) == {("id", "v", "doc"), ("id", "v", "doc", "w")} and a[("id", "v", "doc")].toast == 10
-    b = merge_job._footer_groups(paths.changes, files, TableName("public", "ls_b"), None, end)
+    b = footer_groups(paths.changes, files, TableName("public", "ls_b"), None, end)
     assert sum(g.truncs for g in b) == 1
     # a window a file straddles (its end inside the file) is left to the Spark pass
     spans = [f for f in files if f.only_table() == TableName("public", "ls_a") and f.commit_lsn_min < f.commit_lsn_max]
     assert spans, "no silver file of ls_a spans two commits"
     cut = Lsn(spans[0].commit_lsn_min)
-    assert merge_job._footer_groups(paths.changes, files, TableName("public", "ls_a"), None, cut) is None
+    assert footer_groups(paths.changes, files, TableName("public", "ls_a"), None, cut) is None
     # the merge takes the footers (no Spark pass) and gold equals PostgreSQL
     monkeypatch.setattr(merge_job, "_spark_groups", lambda *a: pytest.fail("the merge counted the batch in Spark"))
     from slotlake.merge.job import run_merge

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -442,3 +443,52 @@ def test_a_backlog_bigger_than_a_slice_is_decoded_and_merged_slice_by_slice(pg_d
     assert "the rest by Spark" in log and launched_apps(log) == ["sync"], log[-3000:]
     sync(spark_cfg, SPARK)
     check(tmp_path, pg_db)
+
+
+# `slotlake sync` run by `slotlake.cli.main` in a new interpreter, which then prints the Spark modules it imported
+_SYNC_AND_LIST_SPARK = """
+import json, sys
+from slotlake.cli import main
+code = main(["--config", sys.argv[1], "sync", sys.argv[2], "--json"])
+sys.stdout.flush()
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("pyspark", "py4j", "delta"))))
+sys.exit(code)
+"""
+
+
+def test_syncs_in_process_never_import_spark(pg_db, tmp_path):
+    """A first sync (the initial copies loaded here), a small batch of inserts, updates, deletes, FULL and NOTHING
+    rows, and an idle sync, each `slotlake sync` in a new interpreter: none starts a Spark app, and none imports
+    pyspark, py4j or delta-spark (their import is 0.1-0.2 s of a small sync's ~1.5 s); gold equals PostgreSQL."""
+    from clirun import cli_env
+
+    _create_tables(pg_db)
+    write_config(tmp_path / "slotlake.yaml", pg_db)
+    cfg = tmp_path / "slotlake.yaml"
+
+    def run() -> tuple[dict, str]:
+        out = subprocess.run([sys.executable, "-c", _SYNC_AND_LIST_SPARK, str(cfg), IN_PROCESS], capture_output=True,
+                             text=True, timeout=600, env=cli_env(), check=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+        *report, imported = out.stdout.strip().splitlines()
+        assert json.loads(imported) == [], out.stderr[-3000:]
+        assert launched_apps(out.stderr) == [], out.stderr[-3000:]
+        return json.loads("\n".join(report)), out.stderr
+
+    run()
+    lake = LakePaths.of(str(tmp_path / "lake"), IN_PROCESS)
+    assert all(delta_log.is_delta_table(lake.gold(*t.split("."))) for t in TABLES)  # loaded by the first sync
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute("UPDATE items SET n = n + 1 WHERE id <= 30")
+        conn.execute("DELETE FROM items WHERE id > 90")
+        conn.execute("INSERT INTO items VALUES (500, 'x', 5, repeat('b', 3000))")
+        conn.execute("INSERT INTO hist VALUES (1, 'a', now(), 1.5), (1, 'a', now(), 1.5)")
+        conn.execute("INSERT INTO events VALUES (1, 'e')")
+    second, log = run()
+    assert second["decoded_changes"] == 44, second  # 30 updates, 10 deletes, 1 + 2 + 1 inserts
+    assert re.search(r"1 slice\(s\) decoded and 1 merged in this process", log), log[-3000:]
+    idle, _ = run()
+    assert idle["archived_changes"] == 0, idle
+    for table in TABLES:
+        schema, name = table.split(".")
+        assert_gold_equals_pg(lake.gold(schema, name), pg_db, table)

@@ -19,7 +19,8 @@ from slotlake.config import parse_config
 from slotlake.decode.job import run_decode
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
-from slotlake.merge.job import MergeReport, run_merge
+from slotlake.merge.job import run_merge
+from slotlake.merge.report import MergeReport
 from slotlake.merge.watermarks import delta_watermark
 from slotlake.source.ddl import install_ddl_capture
 from slotlake.source.extract import extract

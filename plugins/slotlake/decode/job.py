@@ -255,7 +255,6 @@ def _catalog_rows(bronze, summary: BronzeSummary, files: list[BronzeFile] | None
     transactions that carry them, without their row changes, decoded in this process in stream order. With
     `files` (local bronze files), they are read with pyarrow; else with a Spark job over `bronze`."""
     import pyarrow as pa
-    from pyspark.sql import functions as F
 
     if not summary.meta_txns:
         return []
@@ -263,6 +262,8 @@ def _catalog_rows(bronze, summary: BronzeSummary, files: list[BronzeFile] | None
     if files is not None:  # local files: their row groups that can hold those transactions, read here (no Spark job)
         batch = _local_catalog_frames(files, summary, schema)
     else:
+        from pyspark.sql import functions as F
+
         txns = bronze.sparkSession.createDataFrame(summary.meta_txns, "file string, xid long")
         frames = (bronze.join(F.broadcast(txns), ["file", "xid"], "left_semi")
                   .where(~_frame_type(b"I", b"U", b"D", b"T")).collect())

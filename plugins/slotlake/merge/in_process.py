@@ -124,9 +124,10 @@ class _Table:
 def merge_in_process(cfg: Config, source: str):
     """Merge every table of `source` up to silver's watermark without Spark, when each table's batch is one this
     module writes exactly (module doc); else None, nothing written, and the reason logged. Returns the run's
-    `job.MergeReport` (the same one the Spark merge returns). The caller has checked that every complete initial
+    `report.MergeReport` (the same one the Spark merge returns). The caller has checked that every complete initial
     copy is in gold (`load_snapshots` is Spark's)."""
-    from slotlake.merge.job import MergeReport, _append_runs_directly, _last_complete_run
+    from slotlake.merge.report import MergeReport
+    from slotlake.merge.runs import append_runs_directly, last_complete_run
     from slotlake.merge.watermarks import runs_tables_at, silver_file_stats
 
     src = cfg.source(source)
@@ -138,7 +139,7 @@ def merge_in_process(cfg: Config, source: str):
         if end is None:
             raise Declined("silver has no decode commit")
         files = silver_file_stats(paths.changes)
-        since = _last_complete_run(paths, end)  # None: no complete run yet (every change of silver is due)
+        since = last_complete_run(paths, end)  # None: no complete run yet (every change of silver is due)
         if files is None:
             raise Declined("silver's file statistics cannot be read")
         names = _table_names(src, files, since, end, paths.runs, runs_tables_at)
@@ -161,7 +162,7 @@ def merge_in_process(cfg: Config, source: str):
     missing = [(int(end), r.schema_name, r.table_name, r.gold_version, finished, r.started_at, r.changes,
                 r.last_commit_ts) for r in results if (r.schema_name, r.table_name) not in present]
     if missing:
-        if not _append_runs_directly(paths.runs, missing, end, stage_metadata(end, contracts.STAGE_RUNS)):
+        if not append_runs_directly(paths.runs, missing, end, stage_metadata(end, contracts.STAGE_RUNS)):
             log.info("merge %s: `_runs` not appended to in this process; Spark's merge records the run", source)
             return None
     elif delta_log.stage_end(paths.runs, contracts.STAGE_RUNS) != end:
@@ -178,9 +179,9 @@ def merge_into(cfg: Config, source: str, changes_path: str, names: Sequence[Tabl
     (which exist, holding a watermark), each from its own watermark; `_runs` is not written. `ddl_events(mark,
     end)`: whether a DDL event lies in (mark, end] (then that table declines). Each table keeps its own deletion
     vectors (a replay's copies of gold are written without, whatever the config says: rows are rewritten there,
-    not marked, and `undo_in_process` compares them file by file). The `job.MergeReport`, or None when a table's
+    not marked, and `undo_in_process` compares them file by file). The `report.MergeReport`, or None when a table's
     batch is not one this module writes exactly (nothing written; the reason logged)."""
-    from slotlake.merge.job import MergeReport
+    from slotlake.merge.report import MergeReport
     from slotlake.merge.watermarks import silver_file_stats
 
     src = cfg.source(source)
@@ -211,8 +212,8 @@ def _prepare_all(src: SourceConfig, changes_path: str, names: Sequence[TableName
 
 
 def _commit_all(src: SourceConfig, tables: Sequence[_Table], end: Lsn, started: datetime) -> list:
-    """Each prepared table's commit, in order; their `job.TableMergeResult`s."""
-    from slotlake.merge.job import TableMergeResult
+    """Each prepared table's commit, in order; their `report.TableMergeResult`s."""
+    from slotlake.merge.report import TableMergeResult
 
     results = []
     for t in tables:
@@ -267,8 +268,7 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
              vectors_as_configured: bool = True) -> _Table:
     """Everything the table's commit needs, or Declined (nothing is written before every table is prepared); at
     most `budget` changes (the run's `MAX_CHANGES` left)."""
-    from slotlake.merge.job import _footer_groups
-    from slotlake.merge.watermarks import _local_delta_state
+    from slotlake.merge.watermarks import _local_delta_state, footer_groups
     from slotlake.source.copies import snapshot_doc
 
     state = _local_delta_state(gold)
@@ -286,7 +286,7 @@ def _prepare(src: SourceConfig, changes_path: str, name: TableName, gold: str, e
         raise Declined(f"{name}'s gold has no watermark")
     if ddl_since(mark):
         raise Declined(f"a DDL event since {name}'s watermark")
-    groups: list[LayoutGroup] | None = _footer_groups(changes_path, files, name, mark, end)
+    groups: list[LayoutGroup] | None = footer_groups(changes_path, files, name, mark, end)
     batch = None
     if groups is None:  # a file without a summary, or one the window cuts (a replay's re-derived file): counted here
         batch, groups = _counted_batch(changes_path, files, name, after, int(end), budget)

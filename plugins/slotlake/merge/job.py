@@ -75,16 +75,18 @@ from slotlake.merge.plan import (
     schema_mismatch,
     stage_metadata,
 )
-from slotlake.merge.silver_stats import SilverFileStats, files_of, files_to_read, has_changes, tables_in_window
+from slotlake.merge.report import MergeReport, TableMergeResult
+from slotlake.merge.runs import append_runs_directly, last_complete_run
+from slotlake.merge.silver_stats import SilverFileStats, files_to_read, has_changes, tables_in_window
 from slotlake.merge.typed_values import always_exact
 from slotlake.merge.typing_job import ensure_quarantine, ensure_table, has_bad_value, quarantine_bad_values
 from slotlake.merge.visibility_job import not_seen_by_copy
 from slotlake.merge.watermarks import (
     delta_state,
+    footer_groups,
     local_files,
     runs_tables_at,
     silver_file_stats,
-    silver_layouts,
     spark_schema,
     table_bytes,
 )
@@ -103,59 +105,6 @@ _LISTING_JOB_THRESHOLD = "spark.sql.sources.parallelPartitionDiscovery.threshold
 _BROADCAST_THRESHOLD = "spark.sql.autoBroadcastJoinThreshold"
 _DV_BROADCAST_BYTES = 1 << 20  # a table with deletion vectors: see `_merge_table`
 _KEY_FILTER_MAX = 5_000  # keys of a batch `_key_filter` names in the MERGE condition, at most
-
-
-@dataclass(frozen=True)
-class TableMergeResult:
-    schema_name: str
-    table_name: str
-    changes: int  # silver rows of the table in (watermark, run end]
-    gold_version: int | None  # Delta version after the run (None: no gold table yet)
-    rows_inserted: int = 0
-    rows_updated: int = 0
-    rows_deleted: int = 0
-    quarantined: int = 0  # values the gold type cannot hold (raw text in _quarantine)
-    unapplied: int = 0  # updates/deletes of a REPLICA IDENTITY NOTHING table (cannot be applied)
-    truncated: bool = False
-    up_to_date: bool = False  # the table's watermark was already at the run end: nothing done
-    schema_changes: tuple[str, ...] = ()  # what the run did to the gold schema ("added c", "renamed a to b", ...)
-    notes: tuple[str, ...] = ()  # what slotlake could not see (e.g. defaults of columns added without DDL capture)
-    started_at: datetime | None = None  # when the run's merge of this table began (UTC)
-    last_commit_ts: datetime | None = None  # commit time of the newest change applied (UTC); None: no change
-
-
-@dataclass(frozen=True)
-class MergeReport:
-    source: str
-    end_lsn: Lsn | None  # None: silver has no decoded changes yet
-    tables: tuple[TableMergeResult, ...]
-    dropped_tables: tuple[str, ...] = ()  # tables the catalog marks dropped: no changes any more, gold kept
-
-    @property
-    def notes(self) -> tuple[str, ...]:
-        return tuple(n for t in self.tables for n in t.notes)
-
-    @property
-    def quarantined(self) -> int:
-        return sum(t.quarantined for t in self.tables)
-
-    @property
-    def unapplied(self) -> int:
-        return sum(t.unapplied for t in self.tables)
-
-    def summary(self) -> str:
-        changed = sum(t.changes for t in self.tables)
-        out = (f"merge {self.source}: {len(self.tables)} table(s) at {self.end_lsn}, {changed} change(s), "
-               f"{self.quarantined} quarantined value(s), {self.unapplied} unapplied change(s)")
-        evolved = [f"{TableName(t.schema_name, t.table_name)}: {', '.join(t.schema_changes)}" for t in self.tables
-                   if t.schema_changes]
-        if evolved:
-            out += "; schema changes: " + "; ".join(evolved)
-        if self.dropped_tables:
-            out += "; dropped in the source (gold kept): " + ", ".join(self.dropped_tables)
-        if self.notes:
-            out += "; NOTE: " + " | ".join(self.notes)
-        return out
 
 
 # ---- the run -----------------------------------------------------------------------------------------------
@@ -200,7 +149,7 @@ def run_merge(spark: SparkSession, cfg: Config, source: str,
     files = silver_file_stats(changes_path)
     # Live runs over every table look at silver's newest changes only (since the last complete run), not its
     # whole history: the scan of every silver file grew with the lake's age (bench/README.md).
-    since = _last_complete_run(paths, end) if silver_path is None and gold_path_for is None else None
+    since = last_complete_run(paths, end) if silver_path is None and gold_path_for is None else None
     names = _table_names(spark, silver, src, end, tables, runs_path=paths.runs, since=since, files=files)
     ensure_quarantine(spark, paths.quarantine)
     results: dict[tuple[str, str], TableMergeResult] = {}
@@ -250,7 +199,7 @@ def record_runs(spark: SparkSession, runs_path: str, runs: Sequence[tuple], end:
     their changes are in the gold commits).
 
     The rows `_runs` already holds for `end` are read with delta-rs (`runs_tables_at`), and the others are one
-    append (with delta-rs, `_append_runs_directly`): no MERGE (its planning and jobs were ~1.4 s
+    append (with delta-rs, `runs.append_runs_directly`): no MERGE (its planning and jobs were ~1.4 s
     of every run's end, bench/README.md). When every row is there and only the complete run's mark is missing (a
     run over chosen tables that were all of them), an append of nothing or a MERGE that inserts nothing would
     commit nothing, so the mark rides a table-property commit (`slotlake.runs.completeEnd`). When delta-rs cannot
@@ -266,7 +215,7 @@ def record_runs(spark: SparkSession, runs_path: str, runs: Sequence[tuple], end:
         spark.conf.set(USER_METADATA, stage_metadata(end, RUNS_STAGE))
     try:
         if present is not None and missing:
-            if not _append_runs_directly(runs_path, missing, end, stage_metadata(end, RUNS_STAGE) if complete
+            if not append_runs_directly(runs_path, missing, end, stage_metadata(end, RUNS_STAGE) if complete
                                          else None):
                 spark.createDataFrame(missing, contracts.ddl(RUNS_SCHEMA)).write.format("delta").mode("append") \
                     .save(runs_path)
@@ -285,44 +234,6 @@ def record_runs(spark: SparkSession, runs_path: str, runs: Sequence[tuple], end:
     finally:
         if complete:
             spark.conf.unset(USER_METADATA)
-
-
-def _append_runs_directly(runs_path: str, rows: Sequence[tuple], end: Lsn, user_metadata: str | None) -> bool:
-    """Append `rows` to `_runs` with delta-rs, with `user_metadata` as the commit's userMetadata (a Spark append's
-    Python rows cost a job and a Python worker's start at the end of every run: bench/README.md, "Small batches
-    decode in the driver"); on an s3a lake its log entry is a conditional PUT (`storage.delta_rs_options`). False,
-    nothing written, when delta-rs cannot: a lake it does not read here, a table with other columns than
-    `RUNS_SCHEMA`, a protocol delta-rs does not write; the caller appends with Spark."""
-    if not delta_log.readable(runs_path):
-        return False
-    import pyarrow as pa
-    from deltalake import write_deltalake
-    from deltalake.transaction import CommitProperties
-
-    schema = contracts.arrow_schema(RUNS_SCHEMA)
-    try:
-        table = delta_log.delta_rs_table(runs_path)
-        if [f.name for f in table.schema().fields] != schema.names:
-            return False
-        data = pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], schema=schema)
-        write_deltalake(table, data, mode="append", commit_properties=CommitProperties(
-            custom_metadata={"userMetadata": user_metadata} if user_metadata else None))
-    except Exception as e:
-        present = runs_tables_at(runs_path, end)
-        if present is not None and all((r[1], r[2]) in present for r in rows):
-            return True  # committed; what failed came after the commit (a checkpoint, say)
-        log.info("_runs not appended to with delta-rs (%s); Spark appends", error_summary(e))
-        return False
-    return True
-
-
-def _last_complete_run(paths: LakePaths, end: Lsn) -> Lsn | None:
-    """The end of the last merge run over every table (the `_runs` commit marked so), read from `_runs`'s Delta log
-    without Spark; None when there is none, it is past `end` (silver was rebuilt), or the log is not readable here."""
-    if not delta_log.readable(paths.runs) or not delta_log.is_delta_table(paths.runs):
-        return None
-    since = delta_log.stage_end(paths.runs, RUNS_STAGE)
-    return since if since is not None and since <= end else None
 
 
 def _table_names(spark: SparkSession, silver: Callable[[], DataFrame], src: SourceConfig, end: Lsn,
@@ -407,7 +318,7 @@ def _merge_table(session: SparkSession, src: SourceConfig, paths: LakePaths, sch
         batch = batch.where(not_seen_by_copy(copied))
     # Per column layout (none for TRUNCATE rows) its span and counts: added up from the silver files' footers when
     # the table's files lie wholly in the window (decode/layouts.py), else one Spark pass over the batch.
-    groups = _footer_groups(changes_path, files, TableName(schema, table), mark, end) if copied is None else None
+    groups = footer_groups(changes_path, files, TableName(schema, table), mark, end) if copied is None else None
     if groups is None:
         groups = _spark_groups(batch)
     n = sum(g.n for g in groups)
@@ -587,18 +498,6 @@ def _spark_groups(batch: DataFrame) -> list[LayoutGroup]:
                         int(r["truncs"]), int(r["plain"]), int(r["toast"]),
                         micros(r["last_ts"].astimezone(UTC)) if r["last_ts"] is not None else None, int(r["ud"]),
                         int(r["old_u"])) for r in rows]
-
-
-def _footer_groups(changes_path: str, files: Sequence[SilverFileStats] | None, table: TableName, mark: Lsn | None,
-                   end: Lsn) -> list[LayoutGroup] | None:
-    """`_spark_groups`' answer from the layout summaries of the table's silver files, when every file holding the
-    table's changes in (mark, end] lies wholly in that window and has one; else None."""
-    if files is None:
-        return None
-    chosen = files_of(files, table, int(mark) if mark is not None else None, int(end))
-    if not chosen:
-        return None
-    return silver_layouts(changes_path, chosen)
 
 
 def _silver_files(changes_path: str, files: Sequence[SilverFileStats] | None, table: TableName, mark: Lsn | None,

@@ -12,19 +12,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from pyspark.sql import SparkSession
-
 from slotlake import delta_log, storage
 from slotlake.decode.layouts import LayoutGroup, combine, read_layout_summary
 from slotlake.lsn import Lsn
 from slotlake.merge.plan import (
     newest_watermark,
 )
-from slotlake.merge.silver_stats import SilverFileStats
+from slotlake.merge.silver_stats import SilverFileStats, files_of
+from slotlake.names import TableName
 from slotlake.spark.session import error_summary
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
@@ -264,3 +264,15 @@ def row_count(path: str) -> int | None:
     except Exception as e:
         log.info("rows of %s not counted from its statistics (%s); counted with Spark", path, error_summary(e))
         return None
+
+
+def footer_groups(changes_path: str, files: Sequence[SilverFileStats] | None, table: TableName, mark: Lsn | None,
+                   end: Lsn) -> list[LayoutGroup] | None:
+    """`_spark_groups`' answer from the layout summaries of the table's silver files, when every file holding the
+    table's changes in (mark, end] lies wholly in that window and has one; else None."""
+    if files is None:
+        return None
+    chosen = files_of(files, table, int(mark) if mark is not None else None, int(end))
+    if not chosen:
+        return None
+    return silver_layouts(changes_path, chosen)
