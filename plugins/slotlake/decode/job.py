@@ -58,6 +58,7 @@ from slotlake.decode.vector import BatchDecoder
 from slotlake.errors import DecodeError
 from slotlake.lake import LakePaths
 from slotlake.lsn import Lsn
+from slotlake.read_ahead import ReadAhead
 from slotlake.source.catalog_read import BootstrapCatalog, as_published, list_bootstrap
 
 log = logging.getLogger(__name__)
@@ -635,10 +636,11 @@ def _read_bronze_files(ids: Iterator, *, paths: list[str], task: Callable[[Itera
                 with pq.ParquetFile(paths[i]) as f:
                     for rb in f.iter_batches(batch_size=batch_rows, columns=columns):
                         cols = [c if c.type == t else c.cast(t) for c, t in zip(rb.columns, schema.types)]
-                        yield pa.RecordBatch.from_arrays([*cols, pa.array([name] * rb.num_rows, pa.string())],
-                                                         schema=schema)
+                        yield pa.RecordBatch.from_arrays([*cols, pa.repeat(name, rb.num_rows)], schema=schema)
 
-    return task(rows())
+    # read a batch ahead: pyarrow reads and decompresses it while the task decodes the previous one
+    with ReadAhead(rows(), name="slotlake-bronze-read") as ahead:
+        yield from task(iter(ahead))
 
 
 def _rows_written(spark, changes_path: str, end: Lsn) -> int:

@@ -29,11 +29,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import queue
 import struct
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,6 +44,7 @@ from slotlake import bronze, contracts, failpoints
 from slotlake.config import Config, SourceConfig
 from slotlake.errors import ExtractError, PreflightError, SlotLostError
 from slotlake.lsn import Lsn
+from slotlake.read_ahead import ReadAhead
 from slotlake.source.connection import connect, connect_bulk, resolve_dsn, scrub
 from slotlake.source.copies import publication_start
 from slotlake.source.frame_summary import FrameScan
@@ -175,56 +174,7 @@ def _parquet_writer(path: str) -> pq.ParquetWriter:
 # ADBC's batches of the peek's stream: 8 MB (its default 16 MB) keeps the extract's peak under what it was before
 # the read-ahead at the same speed (a 10 M-row transaction: 224 MB against 267 MB at 16 MB, 244 MB without it).
 _BATCH_BYTES = 8 << 20
-_PREFETCH_BATCHES = 1  # ADBC batches read ahead while the previous one is written
-_DONE = object()
-
-
-class _Prefetch:
-    """The batches of an ADBC record batch reader, read by a thread of their own while the caller writes the
-    previous one: ADBC reads the COPY stream only when asked for a batch, so without it the server waits while
-    this process summarizes and writes a batch (pyarrow releases the GIL in both). At most `depth` batches wait
-    in between. `close()` stops the thread (after the batch it is reading, if any) before the cursor is closed;
-    the reader's error is raised by the iteration, as reading it directly would."""
-
-    def __init__(self, reader, depth: int = _PREFETCH_BATCHES) -> None:
-        self._reader = reader
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._pump, name="slotlake-extract-read", daemon=True)
-        self._thread.start()
-
-    def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _pump(self) -> None:
-        try:
-            for batch in self._reader:
-                if not self._put(batch):
-                    return
-            self._put(_DONE)
-        except BaseException as e:  # noqa: BLE001 - handed to the iterating thread, which raises it
-            self._put(e)
-
-    def __iter__(self) -> Iterator[pa.RecordBatch]:
-        while True:
-            item = self._queue.get()
-            if item is _DONE:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
+_PREFETCH_BATCHES = 1  # ADBC batches read ahead while the previous one is written (`ReadAhead`)
 def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, batch_rows: int) -> _Call:
     """Stream one peek call into a Parquet file at `path`, in row groups of `batch_rows`; returns what was seen."""
     call = _Call()
@@ -233,13 +183,15 @@ def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, b
     pending: list[pa.RecordBatch] = []
     pending_rows = 0
     cur = bulk.cursor()
-    reader: _Prefetch | None = None
+    reader: ReadAhead | None = None
     try:
         from adbc_driver_postgresql import StatementOptions
 
         cur.adbc_statement.set_options(**{StatementOptions.BATCH_SIZE_HINT_BYTES.value: str(_BATCH_BYTES)})
         cur.execute(query)
-        reader = _Prefetch(cur.fetch_record_batch())
+        # ADBC reads the COPY stream only when asked for a batch: read ahead, the server does not wait while this
+        # process summarizes and writes a batch
+        reader = ReadAhead(cur.fetch_record_batch(), _PREFETCH_BATCHES, name="slotlake-extract-read")
         for batch in reader:
             if batch.num_rows == 0:
                 continue
