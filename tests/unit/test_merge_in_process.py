@@ -203,3 +203,24 @@ def test_a_window_that_cuts_a_silver_file_is_read_and_counted_here(tmp_path):
     assert [(g.n, g.plain, g.ud, g.toast) for g in groups] == [(5, 3, 2, 1)]
     with pytest.raises(Declined, match="more than"):
         _counted_batch(str(tmp_path / "changes"), stats, name, None, 104, budget=4)
+
+
+def test_the_runs_budget_is_shared_by_tables_prepared_side_by_side():
+    """`_Budget`: the tables of a run prepared in threads take their changes from one bound; the one that would
+    pass it declines (Spark merges the run), whichever thread asks."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from slotlake.merge.in_process import MAX_CHANGES, Declined, _Budget
+
+    budget = _Budget(1000)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(budget.take, [10] * 100))
+    assert budget.left == 0
+    with pytest.raises(Declined, match=f"more than {MAX_CHANGES:,} changes"):
+        budget.take(1)
+    budget = _Budget(100)
+    budget.take(60)
+    with pytest.raises(Declined):
+        budget.take(41)
+    budget.take(40)  # a refused take took nothing
+    assert budget.left == 0
