@@ -130,8 +130,8 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
     settings), silver Parquet files written into `folder` (one table per file, at most `rows_per_file` rows),
     their descriptions (`FILES_DDL`) out. `window` (after, upto): only the changes with `after < commit_end_lsn`
     (after None: from the start) and `commit_lsn <= upto` (a replay's re-decode). The files are written by a thread
-    of their own while the decode goes on (`MAX_WRITES_QUEUED`): the in-process decode of the issue's 310,000-change
-    burst 1.50 -> 1.23 s (bench/README.md, "The silver write beside the decode")."""
+    of their own while the decode goes on (`MAX_WRITES_QUEUED`): that alone took the in-process decode of the issue's
+    310,000-change burst from 1.50 to 1.23 s (bench/README.md, "The silver write beside the decode")."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -187,7 +187,8 @@ def write_task(batches: Iterator, *, decode: Callable[[Iterator], Iterator], fol
                 flush(oid)
             while writing:
                 writing.popleft().result()
-        finally:  # a failed decode or write: the queued writes end before the files are closed (none is committed)
+        finally:  # a failed decode or write: the writes not started are dropped; no file is committed (a failed task's
+            # files are left as Spark's own writer leaves them, for VACUUM)
             for w in writing:
                 w.cancel()
     done.extend(f.close() for f in open_files.values())
