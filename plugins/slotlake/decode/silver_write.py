@@ -51,6 +51,7 @@ MAX_WRITES_QUEUED = 2
 """Row groups a task's writer thread may have queued (the decode goes on while one is written: pyarrow's Parquet
 writer and the statistics release the GIL); past it the decode waits, so memory stays bounded."""
 
+
 def writes_directly(changes_path: str) -> bool:
     """Whether the decode's tasks write silver's files themselves: a lake on a local file system (the executors
     write where the driver commits). An s3a lake keeps Spark's writer for them (its credentials and committer are

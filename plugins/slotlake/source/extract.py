@@ -175,6 +175,8 @@ def _parquet_writer(path: str) -> pq.ParquetWriter:
 # the read-ahead at the same speed (a 10 M-row transaction: 224 MB against 267 MB at 16 MB, 244 MB without it).
 _BATCH_BYTES = 8 << 20
 _PREFETCH_BATCHES = 1  # ADBC batches read ahead while the previous one is written (`ReadAhead`)
+
+
 def _write_call(bulk, query: str, path: str, source: SourceConfig, start: Lsn, batch_rows: int) -> _Call:
     """Stream one peek call into a Parquet file at `path`, in row groups of `batch_rows`; returns what was seen."""
     call = _Call()
