@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from slotlake import contracts
 from slotlake.config import parse_config
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
@@ -27,21 +28,6 @@ def spark():
     # Tiny tables: a few partitions instead of Spark's and Delta's production defaults (200 / 50).
     return get_spark("test-merge", master="local[2]", extra={
         "spark.sql.shuffle.partitions": "2", "spark.databricks.delta.snapshotPartitions": "2"})
-
-
-def silver_schema():
-    from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType, TimestampType
-    s, i64, i = StringType(), LongType(), IntegerType()
-    return StructType([
-        StructField("commit_lsn", i64), StructField("commit_end_lsn", i64), StructField("commit_ts", TimestampType()),
-        StructField("xid", i64), StructField("seq", i), StructField("lsn", i64), StructField("rel_oid", i64),
-        StructField("schema_name", s), StructField("table_name", s), StructField("op", s),
-        StructField("replica_identity", s), StructField("columns", ArrayType(s)),
-        StructField("key_columns", ArrayType(s)), StructField("type_oids", ArrayType(i)),
-        StructField("typmods", ArrayType(i)), StructField("old_kind", s), StructField("old", ArrayType(s)),
-        StructField("new", ArrayType(s)), StructField("unchanged", ArrayType(i)),
-        StructField("truncate_options", i), StructField("bronze_file", s),
-    ])
 
 
 def ts(lsn: int) -> dt.datetime:
@@ -96,10 +82,17 @@ class Lake:
         self.paths = LakePaths.of(self.cfg.lake, SRC)
 
     def decode(self, rows, end_lsn: int) -> None:
-        """Append rows as one decode commit marking silver's end LSN."""
+        """Append rows as one decode commit marking silver's end LSN, as the decode commits them: a delta-rs commit
+        of silver's columns (`contracts.SILVER`) with the table's properties and the commit's userMetadata (a
+        Spark write of the same rows cost each test seconds of JVM time, the merge under test none of them)."""
+        import pyarrow as pa
+        from deltalake import CommitProperties, write_deltalake
+
+        schema = contracts.arrow_schema(contracts.SILVER)
         meta = json.dumps({"slotlake": {"end_lsn": str(Lsn(end_lsn)), "stage": "decode"}})
-        (self.spark.createDataFrame(rows, silver_schema()).write.format("delta").mode("append")
-         .option("userMetadata", meta).save(self.paths.changes))
+        write_deltalake(self.paths.changes, pa.Table.from_pylist([dict(zip(schema.names, r)) for r in rows], schema),
+                        mode="append", configuration=dict(contracts.SILVER_PROPERTIES),
+                        commit_properties=CommitProperties(custom_metadata={"userMetadata": meta}))
 
     def merge(self, tables=None):
         return run_merge(self.spark, self.cfg, SRC, tables)

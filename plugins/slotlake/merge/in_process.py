@@ -159,7 +159,7 @@ def merge_in_process(cfg: Config, source: str):
     results = _commit_all(src, tables, end, started)
     report = MergeReport(source, end, tuple(results))
     if not delta_log.is_delta_table(paths.runs):
-        _create_runs(paths.runs)  # the first run with changes (as `record_runs`' `ensure_table` creates it)
+        delta_log.create_empty(paths.runs, contracts.RUNS)  # the first run with changes (as `record_runs`)
     finished = datetime.now(UTC)
     missing = [(int(end), r.schema_name, r.table_name, r.gold_version, finished, r.started_at, r.changes,
                 r.last_commit_ts) for r in results if (r.schema_name, r.table_name) not in present]
@@ -267,16 +267,6 @@ def _commit_all(src: SourceConfig, tables: Sequence[_Table], end: Lsn, started: 
         # Test-only failpoint, as the Spark merge's: the process dies after the first table's commit.
         failpoints.die_at(failpoints.MERGE_AFTER_FIRST_TABLE)
     return results
-
-
-def _create_runs(path: str) -> None:
-    """An empty `_runs` (`contracts.RUNS`), created with delta-rs."""
-    import pyarrow as pa
-    from deltalake import write_deltalake
-
-    schema = contracts.arrow_schema(contracts.RUNS)
-    uri, options = storage.delta_rs_table_args(path)
-    write_deltalake(uri, pa.Table.from_pylist([], schema=schema), mode="append", storage_options=options or None)
 
 
 def _table_names(src: SourceConfig, files: Sequence[SilverFileStats], since: Lsn | None, end: Lsn, runs_path: str,

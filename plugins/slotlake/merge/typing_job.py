@@ -11,7 +11,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from slotlake import contracts
+from slotlake import contracts, delta_log
 from slotlake.config import SourceConfig
 from slotlake.errors import MergeError
 from slotlake.lake import LakePaths
@@ -36,6 +36,9 @@ def ensure_table(spark: SparkSession, path: str, schema: contracts.Columns) -> N
     known = table_columns(path)  # from the Delta log, without a snapshot load in the JVM
     if known is not None:
         have = set(known)
+    elif delta_log.readable(path):  # no table with commits: created without a Spark job
+        delta_log.create_empty(path, schema)
+        return
     elif not DeltaTable.isDeltaTable(spark, path):
         spark.createDataFrame([], contracts.ddl(schema)).write.format("delta").mode("ignore").save(path)
         return
