@@ -36,7 +36,7 @@ def ensure_table(spark: SparkSession, path: str, schema: contracts.Columns) -> N
     known = table_columns(path)  # from the Delta log, without a snapshot load in the JVM
     if known is not None:
         have = set(known)
-    elif delta_log.readable(path):  # no table with commits: created without a Spark job
+    elif delta_log.readable(path) and not delta_log.has_commits(path):  # no table yet: created without Spark
         delta_log.create_empty(path, schema)
         return
     elif not DeltaTable.isDeltaTable(spark, path):

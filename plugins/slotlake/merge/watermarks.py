@@ -52,6 +52,7 @@ def delta_state(spark: SparkSession, path: str) -> DeltaState:
     if not DeltaTable.isDeltaTable(spark, path):
         return DeltaState(None, None)
     table = DeltaTable.forPath(spark, path)
+
     # The newest commits first: every slotlake write carries the watermark, so the full history (a month of
     # hourly commits) is read only when the recent ones are all someone else's (OPTIMIZE, VACUUM, ...).
     def history(limit: int | None) -> list[tuple[int, str | None]]:
@@ -150,7 +151,6 @@ def _logged_schema(path: str, what: str) -> dict | None:
     """The Delta schema (its JSON, as a dict) of the table at `path` from its log with delta-rs; None when there is
     no table with commits there, or it cannot be read here (logged, naming `what` was not read)."""
     import json
-
 
     if not delta_log.readable(path):
         return None
