@@ -10,6 +10,7 @@
         tables: [public.orders]         # or schemas: [public]; neither: every table (FOR ALL TABLES)
         insert_only: [public.events]    # keyless append-only tables (publication <publication>_insert_only)
         schedule: "0 * * * *"
+        optimize_schedule: "30 3 * * *"  # slotlake_optimize__<source>: compaction of gold; null: manual runs only
         delete_mode: hard
         history: false
         deletion_vectors: false         # true, or [tables]: gold MERGEs mark rows deleted instead of rewriting files
@@ -47,6 +48,8 @@ _IDENT = re.compile(r'^[A-Za-z_][A-Za-z0-9_$]*$')
 INSERT_ONLY_SUFFIX = "_insert_only"
 _MAX_IDENT = 63  # PostgreSQL truncates longer names (NAMEDATALEN - 1)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Gold's daily compaction (`slotlake_optimize__<source>`): at half past the hour, between hourly syncs.
+DEFAULT_OPTIMIZE_SCHEDULE = "30 3 * * *"
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,9 @@ class SourceConfig:
     # `deletion_vectors: true | [tables]`: gold tables with Delta's deletion vectors (README "Big gold tables")
     deletion_vectors: bool = False
     deletion_vectors_tables: tuple[str, ...] | None = None  # None: every table, when deletion_vectors
+    # `slotlake_optimize__<source>`'s cron schedule (compaction of gold's small files and vectors); None: no
+    # scheduled runs (the DAG still runs when triggered)
+    optimize_schedule: str | None = DEFAULT_OPTIMIZE_SCHEDULE
 
     def keeps_history(self, table: str) -> bool:
         """Whether the merge keeps `table`'s SCD2 history table (gold_history/<schema>/<table>)."""
@@ -218,7 +224,8 @@ _SECRET_WORDS = ("key", "secret", "password", "token", "credential")
 _SPARK_KEYS = {"master", "conf", "conn_id", "spark_submit", "server", "server_idle_minutes", "in_process_bytes"}
 _EXTRACT_KEYS = {"upto_nchanges", "batch_rows", "max_calls", "warn_retained_wal_mb"}
 _SNAPSHOT_KEYS = {"workers", "part_pages"}
-_SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "delete_mode", "history",
+_SOURCE_KEYS = {"dsn", "conn_id", "slot", "publication", "tables", "schedule", "optimize_schedule", "delete_mode",
+                "history",
                 "start_date", "on_bad_value", "on_drop_column", "schemas", "insert_only", "lock_timeout_s",
                 "numeric", "deletion_vectors",
                 "origin", "schema_changes"}
@@ -373,6 +380,11 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
     schedule = raw.get("schedule", "0 * * * *")
     if not isinstance(schedule, str) or len(schedule.split()) != 5:
         raise ConfigError(f"{where}.schedule: {schedule!r} must be a 5-field cron expression, e.g. \"0 * * * *\"")
+    optimize_schedule = raw.get("optimize_schedule", DEFAULT_OPTIMIZE_SCHEDULE)
+    if optimize_schedule is not None and (not isinstance(optimize_schedule, str)
+                                          or len(optimize_schedule.split()) != 5):
+        raise ConfigError(f"{where}.optimize_schedule: {optimize_schedule!r} must be a 5-field cron expression, e.g. "
+                          f"\"{DEFAULT_OPTIMIZE_SCHEDULE}\", or null (no scheduled compaction)")
     delete_mode = raw.get("delete_mode", "hard")
     if delete_mode not in ("hard", "soft"):
         raise ConfigError(f"{where}.delete_mode: {delete_mode!r} must be hard or soft")
@@ -402,7 +414,8 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
                           "other logical replication, PostgreSQL 16+)")
     schema_changes = _parse_schema_changes(raw.get("schema_changes"), f"{where}.schema_changes")
     return SourceConfig(name=name, dsn=dsn, conn_id=conn_id, slot=slot, publication=publication, tables=tables,
-                        schedule=schedule, delete_mode=delete_mode, history=history, history_tables=history_tables,
+                        schedule=schedule, optimize_schedule=optimize_schedule, delete_mode=delete_mode,
+                        history=history, history_tables=history_tables,
                         start_date=start_date,
                         on_bad_value=on_bad_value, on_drop_column=on_drop_column, schemas=schemas,
                         insert_only=tuple(insert_only), lock_timeout_s=lock_timeout_s, numeric=numeric,

@@ -123,6 +123,10 @@ def test_dag_shape_schedule_and_spark_submit(airflow_home, tmp_path):
     assert replay["application"] == str(ROOT / "plugins" / "slotlake" / "spark_apps" / "replay.py")
     assert replay["args"][:4] == ["--config", str(cfg.resolve()), "--source", "shop"]
     assert replay["args"][4:6] == ["--from", "{{ data_interval_start.isoformat() }}"]
+    optimize = bag["dags"]["slotlake_optimize__shop"]  # gold's compaction: one Python task, daily by default
+    assert optimize["order"] == ["optimize"] and optimize["tasks"]["optimize"]["type"] == "_PythonDecoratedOperator"
+    assert (optimize["timetable"], optimize["cron"], optimize["tz"]) == ("CronTriggerTimetable", "30 3 * * *", "UTC")
+    assert optimize["max_active_runs"] == 1 and optimize["catchup"] is False
 
 
 @pytest.mark.integration
@@ -253,3 +257,58 @@ def test_sync_dag_with_nothing_new_skips_decode_and_merge(pg_db, airflow_home, t
         schema, name = table.split(".")
         assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
 
+
+
+@pytest.mark.integration
+@pytest.mark.airflow
+def test_optimize_dag_compacts_gold_and_the_syncs_go_on(pg_db, airflow_home, tmp_path):
+    """`slotlake_optimize__<source>` after a few small syncs (a file each into every table they change): one
+    `airflow dags test` run folds each gold table's files in the task's process (no JVM), one OPTIMIZE commit per
+    table with files to fold and no data changed (gold == PostgreSQL, the watermarks as they were); a manual run
+    naming one table compacts only it; the next sync goes on from the compacted tables."""
+    from clirun import launched_apps, sync_ok
+    from slotlake import delta_log
+    from slotlake.lake import LakePaths
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        for s in ROUND_1:
+            conn.execute(s)
+    cfg = write_config(tmp_path / "slotlake.yaml", pg_db)
+    sync_ok(cfg, "shop")
+    for i in range(3):  # small batches of inserts, in this process: each adds a file to the tables it changes
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute(f"INSERT INTO customers (id, name, balance) VALUES ({50 + i}, 'small {i}', {i}.25)")
+            conn.execute(f"INSERT INTO orders (id, customer_id, status, total) VALUES ({100 + i}, 1, 'new', {i}.50)")
+        assert launched_apps(sync_ok(cfg, "shop").stderr) == []
+    paths = LakePaths.of(str(tmp_path / "lake"), "shop")
+    golds = {t: paths.gold(*t.split(".")) for t in TABLES}
+    files = {t: len(delta_log.snapshot(p).files) for t, p in golds.items()}
+    marks = {t: delta_log.latest_slotlake_commit(p) for t, p in golds.items()}
+    assert files["public.customers"] >= 4 and files["public.orders"] >= 4, files
+    env = local_airflow_env(airflow_home, cfg)
+
+    # a manual run naming one table: only it is compacted
+    out = dags_test(env, "slotlake_optimize__shop", conf={"tables": ["public.orders"]})
+    assert "Spark-Submit cmd" not in out and "on the Spark server" not in out, out[-3000:]
+    assert "public.orders: " in out and "file(s) compacted into 1" in out, out[-3000:]
+    assert len(delta_log.snapshot(golds["public.orders"]).files) == 1
+    assert len(delta_log.snapshot(golds["public.customers"]).files) == files["public.customers"]
+
+    out = dags_test(env, "slotlake_optimize__shop")  # every gold table
+    for t, p in golds.items():
+        assert delta_log.latest_slotlake_commit(p) == marks[t], t  # no data changed: the watermark as it was
+        if files[t] > 1:
+            assert next(delta_log.commits(p)).operation == "OPTIMIZE", t
+            assert len(delta_log.snapshot(p).files) == 1, (t, files[t])
+        schema, name = t.split(".")
+        assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, t)
+    assert "public.customers: " in out and "file(s) compacted into 1" in out, out[-3000:]
+
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for s in ROUND_2:
+            conn.execute(s)
+    sync_ok(cfg, "shop")
+    for t in TABLES:
+        schema, name = t.split(".")
+        assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, t)

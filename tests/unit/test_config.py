@@ -108,6 +108,7 @@ def test_in_process_bytes_default_zero_and_bad_values():
         ("sources.shop.tables", [], "sources.shop.tables: must be a non-empty list"),
         ("sources.shop.tables", ["public.a", "public.a"], "sources.shop.tables: lists a table twice"),
         ("sources.shop.schedule", "hourly", "sources.shop.schedule"),
+        ("sources.shop.optimize_schedule", "daily", "sources.shop.optimize_schedule: 'daily' must be a 5-field cron"),
         ("sources.shop.delete_mode", "purge", "sources.shop.delete_mode: 'purge' must be hard or soft"),
         ("sources.shop.history", "yes", "sources.shop.history: must be true or false"),
         ("sources.shop.on_bad_value", "ignore", "sources.shop.on_bad_value"),
@@ -138,7 +139,8 @@ def test_in_process_bytes_default_zero_and_bad_values():
     ids=["no-lake", "unknown-top-key", "misspelt-spark-key", "spark-conf-list", "spark-server-no-port",
          "spark-server-bad-port", "no-sources", "bad-dsn-scheme",
          "dsn-and-conn-id", "bad-slot-name", "table-without-schema", "empty-tables", "duplicate-table",
-         "bad-schedule", "bad-delete-mode", "history-not-bool", "bad-on-bad-value", "misspelt-source-key",
+         "bad-schedule", "bad-optimize-schedule", "bad-delete-mode", "history-not-bool", "bad-on-bad-value",
+         "misspelt-source-key",
          "shared-slot", "zero-upto-nchanges", "negative-snapshot-workers", "misspelt-snapshot-key",
          "numeric-not-mapping", "numeric-bad-mode", "numeric-misspelt-key", "numeric-tables-list",
          "numeric-table-without-schema", "numeric-table-not-synced", "numeric-table-bad-mode",
@@ -371,3 +373,12 @@ def test_credentials_in_storage_are_refused_before_anything_else(tmp_path):
         load_config(str(path))
     assert "hunter2" not in str(e.value) and "\n" not in str(e.value)
     assert "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY" in str(e.value)
+
+
+def test_optimize_schedule_default_and_null():
+    """`optimize_schedule`: gold's compaction DAG runs daily by default; null leaves it to manual runs."""
+    cfg = parse_config(GOOD)
+    assert cfg.source("shop").optimize_schedule == "30 3 * * *"
+    assert parse_config(with_change("sources.shop.optimize_schedule", None)).source("shop").optimize_schedule is None
+    assert parse_config(with_change("sources.shop.optimize_schedule", "0 2 * * 0")).source(
+        "shop").optimize_schedule == "0 2 * * 0"

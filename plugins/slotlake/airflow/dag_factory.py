@@ -12,6 +12,8 @@ neither when nothing is (the idle run: no JVM, no task process for them). The re
 The task that merged the run's last changes (merge, or in_process when nothing was left for Spark) emits an
 Airflow asset event for each gold table the run changed, through the AssetAlias `slotlake_gold__<source>`
 (`slotlake.airflow.assets`): downstream DAGs schedule on `Asset("slotlake://<source>/<schema>/<table>")`.
+Beside it, per source: `slotlake_replay__<source>` (backfills), `slotlake_recover__<source>` (point-in-time
+recovery) and `slotlake_optimize__<source>` (gold's compaction on `optimize_schedule`).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from airflow.sdk import DAG, TriggerRule, get_current_context, task
 
 from slotlake import pipeline
 from slotlake.airflow.assets import gold_alias, gold_events
+from slotlake.airflow.optimize_dag import build_optimize_dag
 from slotlake.airflow.recover_dag import build_recover_dag
 from slotlake.airflow.replay_dag import build_replay_dag
 from slotlake.airflow.tasks import source_dag_kwargs, spark_conn_id, spark_task
@@ -94,6 +97,7 @@ def build_dags(cfg: Config) -> dict[str, DAG]:
     """Every DAG for every configured source, by dag_id."""
     dags: dict[str, DAG] = {}
     for name in cfg.sources:
-        for dag in (build_sync_dag(cfg, name), build_replay_dag(cfg, name), build_recover_dag(cfg, name)):
+        for dag in (build_sync_dag(cfg, name), build_replay_dag(cfg, name), build_recover_dag(cfg, name),
+                    build_optimize_dag(cfg, name)):
             dags[dag.dag_id] = dag
     return dags
