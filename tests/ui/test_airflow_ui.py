@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.airflow, p
 
 SOURCE = "shop"
 TABLES = ["public.orders", "public.customers"]
-SYNC, REPLAY, RECOVER = (f"slotlake_{kind}__{SOURCE}" for kind in ("sync", "replay", "recover"))
+SYNC, REPLAY, RECOVER, OPTIMIZE = (f"slotlake_{kind}__{SOURCE}" for kind in ("sync", "replay", "recover", "optimize"))
 
 
 class Api:
@@ -207,11 +207,11 @@ def test_a_person_syncs_watches_recovers_and_backfills_in_the_airflow_ui(airflow
     driver = chromium()
     shot = Screenshots(driver, "airflow_ui")
     try:
-        # log in; the DAG list shows the source's three DAGs
+        # log in; the DAG list shows the source's four DAGs
         _login(driver, url, password, shot)
         driver.get(f"{url}/dags")
-        wait_for("the three slotlake DAGs in the list", lambda: all(
-            driver.find_elements(By.LINK_TEXT, d) for d in (SYNC, REPLAY, RECOVER)), 60)
+        wait_for("the four slotlake DAGs in the list", lambda: all(
+            driver.find_elements(By.LINK_TEXT, d) for d in (SYNC, REPLAY, RECOVER, OPTIMIZE)), 60)
         shot("dag-list")
 
         # the sync DAG's manual trigger: the initial copy lands in gold
