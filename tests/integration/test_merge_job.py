@@ -930,8 +930,9 @@ def test_a_batch_runs_interpreted_or_generated_by_its_size_unless_the_config_say
     aqe = "spark.sql.adaptive.enabled"
     assert SMALL_PLAN_CONF == {aqe: "false"}
     session = spark.newSession()
-    default_aqe = session.conf.get(aqe)
-    assert default_aqe == "true"  # Spark's default, which a large batch keeps
+    # Spark's default, which a large batch keeps (`unset`); the suite's JVMs start their sessions with "false"
+    # (tests/spark-conf/spark-defaults.conf), so this session is set as one of production's starts
+    session.conf.set(aqe, "true")
     assert codegen_for_batch(session, SMALL_BATCH_ROWS, {}) == "generated code"
     assert [session.conf.get(k) for k in GENERATED_CONF] == list(GENERATED_CONF.values())
     assert session.conf.get(aqe) == "true"
