@@ -258,7 +258,6 @@ def test_sync_dag_with_nothing_new_skips_decode_and_merge(pg_db, airflow_home, t
         assert_gold_equals_pg(str(tmp_path / "lake" / "shop" / "gold" / schema / name), pg_db, table)
 
 
-
 @pytest.mark.integration
 @pytest.mark.airflow
 def test_optimize_dag_compacts_gold_and_the_syncs_go_on(pg_db, airflow_home, tmp_path):
