@@ -66,6 +66,7 @@ for dag_id, dag in bag.dags.items():
                          "op_args": getattr(t, "op_args", None)}
              for t in dag.tasks}
     out["dags"][dag_id] = {"timetable": type(dag.timetable).__name__,
+                           "params": {k: dag.params.get_param(k).schema for k in dag.params},
                            "cron": getattr(dag.timetable, "expression", None),
                            "tz": str(getattr(dag.timetable, "timezone", None)),
                            "max_active_runs": dag.max_active_runs, "catchup": dag.catchup,
@@ -127,6 +128,7 @@ def test_dag_shape_schedule_and_spark_submit(airflow_home, tmp_path):
     assert optimize["order"] == ["optimize"] and optimize["tasks"]["optimize"]["type"] == "_PythonDecoratedOperator"
     assert (optimize["timetable"], optimize["cron"], optimize["tz"]) == ("CronTriggerTimetable", "30 3 * * *", "UTC")
     assert optimize["max_active_runs"] == 1 and optimize["catchup"] is False
+    assert optimize["params"]["tables"]["items"] == {"type": "string", "enum": TABLES}  # the form offers them
 
 
 @pytest.mark.integration

@@ -26,6 +26,9 @@ def build_optimize_dag(cfg: Config, source_name: str) -> DAG:
     source = cfg.source(source_name)
     schedule = None if source.optimize_schedule is None else \
         CronTriggerTimetable(source.optimize_schedule, timezone="UTC")
+    table_item: dict[str, Any] = {"type": "string"}
+    if source.listed_tables:  # the form offers the source's tables (as the recover DAG's does)
+        table_item["enum"] = list(source.listed_tables)
     with DAG(**source_dag_kwargs(
         cfg, source_name, dag_id=f"slotlake_optimize__{source_name}",
         description=f"Compact source {source_name}'s gold tables (small files, deletion vectors); no data changed",
@@ -33,7 +36,7 @@ def build_optimize_dag(cfg: Config, source_name: str) -> DAG:
         schedule=schedule,
         params={
             # Nullable: a non-null array is a required field in the UI's forms, and empty means every table.
-            "tables": Param(None, type=["null", "array"], items={"type": "string"},
+            "tables": Param(None, type=["null", "array"], items=table_item, uniqueItems=True,
                             description="schema.table names to compact; empty: every gold table of the source"),
         },
         doc_md=__doc__,
