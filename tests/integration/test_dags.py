@@ -129,6 +129,7 @@ def test_dag_shape_schedule_and_spark_submit(airflow_home, tmp_path):
     assert (optimize["timetable"], optimize["cron"], optimize["tz"]) == ("CronTriggerTimetable", "30 3 * * *", "UTC")
     assert optimize["max_active_runs"] == 1 and optimize["catchup"] is False
     assert optimize["params"]["tables"]["items"] == {"type": "string", "enum": TABLES}  # the form offers them
+    assert bag["dags"]["slotlake_recover__shop"]["params"]["tables"]["items"] == {"type": "string", "enum": TABLES}
 
 
 @pytest.mark.integration

@@ -16,7 +16,7 @@ from typing import Any
 from airflow.sdk import DAG, CronTriggerTimetable, Param, task
 
 from slotlake import pipeline
-from slotlake.airflow.tasks import source_dag_kwargs
+from slotlake.airflow.tasks import source_dag_kwargs, table_items
 from slotlake.config import Config
 
 log = logging.getLogger(__name__)
@@ -26,9 +26,6 @@ def build_optimize_dag(cfg: Config, source_name: str) -> DAG:
     source = cfg.source(source_name)
     schedule = None if source.optimize_schedule is None else \
         CronTriggerTimetable(source.optimize_schedule, timezone="UTC")
-    table_item: dict[str, Any] = {"type": "string"}
-    if source.listed_tables:  # the form offers the source's tables (as the recover DAG's does)
-        table_item["enum"] = list(source.listed_tables)
     with DAG(**source_dag_kwargs(
         cfg, source_name, dag_id=f"slotlake_optimize__{source_name}",
         description=f"Compact source {source_name}'s gold tables (small files, deletion vectors); no data changed",
@@ -36,7 +33,7 @@ def build_optimize_dag(cfg: Config, source_name: str) -> DAG:
         schedule=schedule,
         params={
             # Nullable: a non-null array is a required field in the UI's forms, and empty means every table.
-            "tables": Param(None, type=["null", "array"], items=table_item, uniqueItems=True,
+            "tables": Param(None, type=["null", "array"], items=table_items(source), uniqueItems=True,
                             description="schema.table names to compact; empty: every gold table of the source"),
         },
         doc_md=__doc__,
@@ -51,7 +48,7 @@ def build_optimize_dag(cfg: Config, source_name: str) -> DAG:
 
 def optimize_tables(cfg: Config, source_name: str, tables: Sequence[str] | None) -> list[dict[str, Any]]:
     """The `optimize` task: `pipeline.optimize` of `tables` (None or empty: every gold table); one dict per table."""
-    done = pipeline.optimize(cfg, source_name, list(tables) if tables else None)
+    done = pipeline.optimize(cfg, source_name, tables)
     if not done:
         log.info("optimize %s: no gold table yet", source_name)
     return [t.as_dict() for t in done]

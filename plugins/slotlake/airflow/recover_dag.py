@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Param, task
 
-from slotlake.airflow.tasks import source_dag_kwargs
+from slotlake.airflow.tasks import source_dag_kwargs, table_items
 from slotlake.config import Config
 from slotlake.errors import ConfigError
 from slotlake.recover.point import AS_OF_PATTERN, DEFAULT_INTO_SCHEMA, is_postgres_url
@@ -72,17 +72,13 @@ def undo_from_params(cfg: Config, source_name: str, params: Mapping[str, Any]) -
 
 
 def build_recover_dag(cfg: Config, source_name: str) -> DAG:
-    listed = cfg.source(source_name).listed_tables
-    table_item: dict[str, Any] = {"type": "string"}
-    if listed:
-        table_item["enum"] = list(listed)
     with DAG(**source_dag_kwargs(
         cfg, source_name, dag_id=f"slotlake_recover__{source_name}",
         description=f"Recover tables of source {source_name} as of an LSN or time, into Delta or PostgreSQL",
         extra_tags=["recover"],
         schedule=None,
         params={
-            "tables": Param(type="array", items=table_item, minItems=1, uniqueItems=True,
+            "tables": Param(type="array", items=table_items(cfg.source(source_name)), minItems=1, uniqueItems=True,
                             description="the tables to recover (schema.table), all at the same commit LSN"),
             "as_of": Param(type="string", pattern=AS_OF_PATTERN,
                            description="an LSN (16/B374D848) or ISO time (UTC unless zoned): the last commit at "

@@ -163,6 +163,15 @@ def spark_task(app: SparkApp, task_id: str, conn_id: str, source: SourceConfig, 
     )
 
 
+def table_items(source: SourceConfig) -> dict[str, Any]:
+    """The JSON schema of one entry of a DAG's `tables` Param: a schema.table string, one of the source's listed
+    tables when it lists them (the trigger form then offers them, and refuses another name when submitted)."""
+    item: dict[str, Any] = {"type": "string"}
+    if source.listed_tables:
+        item["enum"] = list(source.listed_tables)
+    return item
+
+
 def _start_date(text: str) -> datetime:
     return datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=UTC)
 
