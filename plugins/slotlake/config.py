@@ -235,15 +235,30 @@ _SCHEMA_CHANGES_MODES = {"widen": ("rewrite", "type_widening"), "rename": ("rewr
 
 
 def _is_cron(value: Any) -> bool:
-    """Whether `value` is a 5-field cron expression; each field checked by croniter where it is installed (Airflow
-    brings it: where the DAGs are scheduled, a bad field is refused here, not at the scheduler's first run)."""
-    if not isinstance(value, str) or len(value.split()) != 5:
-        return False
-    try:
-        from croniter import croniter  # type: ignore[import-untyped]
-    except ImportError:  # a CLI-only install: nothing schedules the expression here
-        return True
-    return bool(croniter.is_valid(value))
+    """Whether `value` has the shape of a cron expression (5 fields); `check_schedules` checks each field."""
+    return isinstance(value, str) and len(value.split()) == 5
+
+
+_CRON_KEYS = {"schedule": ("0 * * * *", ""),
+              "optimize_schedule": (DEFAULT_OPTIMIZE_SCHEDULE, ", or null (no scheduled compaction)")}
+
+
+def _bad_cron(where: str, key: str, value: Any) -> ConfigError:
+    example, alternative = _CRON_KEYS[key]
+    return ConfigError(f"{where}.{key}: {value!r} must be a 5-field cron expression, e.g. \"{example}\"{alternative}")
+
+
+def check_schedules(source: SourceConfig) -> None:
+    """Each field of the source's cron expressions checked with croniter, as Airflow's timetables read them: called
+    where the DAGs are built (Airflow, which brings croniter, is loaded there already), so a bad field is a one-line
+    DAG import error naming the key, not a failure at the scheduler's first run; not at every config load (the CLI
+    schedules nothing, and croniter's import is ~40 ms of each run's start)."""
+    from croniter import croniter  # type: ignore[import-untyped]
+
+    for key in _CRON_KEYS:
+        value = getattr(source, key)
+        if value is not None and not croniter.is_valid(value):
+            raise _bad_cron(f"sources.{source.name}", key, value)
 
 
 def _unknown(keys: set[str], allowed: set[str], where: str) -> None:
@@ -391,11 +406,10 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
                               "choose a shorter publication name")
     schedule = raw.get("schedule", "0 * * * *")
     if not _is_cron(schedule):
-        raise ConfigError(f"{where}.schedule: {schedule!r} must be a 5-field cron expression, e.g. \"0 * * * *\"")
+        raise _bad_cron(where, "schedule", schedule)
     optimize_schedule = raw.get("optimize_schedule", DEFAULT_OPTIMIZE_SCHEDULE)
     if optimize_schedule is not None and not _is_cron(optimize_schedule):
-        raise ConfigError(f"{where}.optimize_schedule: {optimize_schedule!r} must be a 5-field cron expression, e.g. "
-                          f"\"{DEFAULT_OPTIMIZE_SCHEDULE}\", or null (no scheduled compaction)")
+        raise _bad_cron(where, "optimize_schedule", optimize_schedule)
     delete_mode = raw.get("delete_mode", "hard")
     if delete_mode not in ("hard", "soft"):
         raise ConfigError(f"{where}.delete_mode: {delete_mode!r} must be hard or soft")

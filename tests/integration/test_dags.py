@@ -168,6 +168,11 @@ def test_bad_config_is_an_import_error_naming_the_key(airflow_home, tmp_path):
     bag = load_dagbag(local_airflow_env(airflow_home, cfg))
     [message] = bag["errors"].values()
     assert "sources.shop.delete_mod: unknown key; did you mean 'delete_mode'?" in message
+    # a cron field Airflow's croniter refuses: an import error naming the key, not a failure at the first run
+    cfg.write_text("lake: ./lake\nsources:\n  shop:\n    dsn: postgresql://x@127.0.0.1/shop\n"
+                   "    schedule: \"0 25 * * *\"\n")
+    [message] = load_dagbag(local_airflow_env(airflow_home, cfg))["errors"].values()
+    assert "sources.shop.schedule: '0 25 * * *' must be a 5-field cron expression" in message
 
 
 @pytest.mark.integration

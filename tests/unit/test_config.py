@@ -109,8 +109,6 @@ def test_in_process_bytes_default_zero_and_bad_values():
         ("sources.shop.tables", ["public.a", "public.a"], "sources.shop.tables: lists a table twice"),
         ("sources.shop.schedule", "hourly", "sources.shop.schedule"),
         ("sources.shop.optimize_schedule", "daily", "sources.shop.optimize_schedule: 'daily' must be a 5-field cron"),
-        ("sources.shop.optimize_schedule", "99 3 * * *", "sources.shop.optimize_schedule: '99 3 * * *' must be"),
-        ("sources.shop.schedule", "0 25 * * *", "sources.shop.schedule: '0 25 * * *' must be a 5-field cron"),
         ("sources.shop.delete_mode", "purge", "sources.shop.delete_mode: 'purge' must be hard or soft"),
         ("sources.shop.history", "yes", "sources.shop.history: must be true or false"),
         ("sources.shop.on_bad_value", "ignore", "sources.shop.on_bad_value"),
@@ -141,8 +139,7 @@ def test_in_process_bytes_default_zero_and_bad_values():
     ids=["no-lake", "unknown-top-key", "misspelt-spark-key", "spark-conf-list", "spark-server-no-port",
          "spark-server-bad-port", "no-sources", "bad-dsn-scheme",
          "dsn-and-conn-id", "bad-slot-name", "table-without-schema", "empty-tables", "duplicate-table",
-         "bad-schedule", "bad-optimize-schedule", "optimize-schedule-bad-minute",
-         "schedule-bad-hour", "bad-delete-mode", "history-not-bool", "bad-on-bad-value",
+         "bad-schedule", "bad-optimize-schedule", "bad-delete-mode", "history-not-bool", "bad-on-bad-value",
          "misspelt-source-key",
          "shared-slot", "zero-upto-nchanges", "negative-snapshot-workers", "misspelt-snapshot-key",
          "numeric-not-mapping", "numeric-bad-mode", "numeric-misspelt-key", "numeric-tables-list",
@@ -385,3 +382,21 @@ def test_optimize_schedule_default_and_null():
     assert parse_config(with_change("sources.shop.optimize_schedule", None)).source("shop").optimize_schedule is None
     assert parse_config(with_change("sources.shop.optimize_schedule", "0 2 * * 0")).source(
         "shop").optimize_schedule == "0 2 * * 0"
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "fragment"),
+    [("sources.shop.optimize_schedule", "99 3 * * *", "sources.shop.optimize_schedule: '99 3 * * *' must be"),
+     ("sources.shop.schedule", "0 25 * * *", "sources.shop.schedule: '0 25 * * *' must be a 5-field cron")],
+    ids=["optimize-schedule-bad-minute", "schedule-bad-hour"],
+)
+def test_cron_fields_are_checked_where_the_dags_are_built(path, value, fragment):
+    """A cron expression of 5 fields loads (the CLI schedules nothing); `check_schedules`, which the DAG factory
+    calls, refuses a field croniter (Airflow's) rejects, naming the key."""
+    from slotlake.config import check_schedules
+
+    source = parse_config(with_change(path, value)).source("shop")
+    with pytest.raises(ConfigError) as err:
+        check_schedules(source)
+    assert fragment in str(err.value)
+    check_schedules(parse_config(GOOD).source("shop"))  # the defaults pass

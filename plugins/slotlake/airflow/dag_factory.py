@@ -27,7 +27,7 @@ from slotlake.airflow.optimize_dag import build_optimize_dag
 from slotlake.airflow.recover_dag import build_recover_dag
 from slotlake.airflow.replay_dag import build_replay_dag
 from slotlake.airflow.tasks import source_dag_kwargs, spark_conn_id, spark_task
-from slotlake.config import Config
+from slotlake.config import Config, check_schedules
 from slotlake.spark.submit import spark_app
 
 
@@ -97,6 +97,7 @@ def build_dags(cfg: Config) -> dict[str, DAG]:
     """Every DAG for every configured source, by dag_id."""
     dags: dict[str, DAG] = {}
     for name in cfg.sources:
+        check_schedules(cfg.source(name))
         for dag in (build_sync_dag(cfg, name), build_replay_dag(cfg, name), build_recover_dag(cfg, name),
                     build_optimize_dag(cfg, name)):
             dags[dag.dag_id] = dag
