@@ -49,6 +49,7 @@ INSERT_ONLY_SUFFIX = "_insert_only"
 _MAX_IDENT = 63  # PostgreSQL truncates longer names (NAMEDATALEN - 1)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Gold's daily compaction (`slotlake_optimize__<source>`): at half past the hour, between hourly syncs.
+DEFAULT_SCHEDULE = "0 * * * *"  # the sync DAG: hourly, UTC
 DEFAULT_OPTIMIZE_SCHEDULE = "30 3 * * *"
 
 
@@ -239,7 +240,7 @@ def _is_cron(value: Any) -> bool:
     return isinstance(value, str) and len(value.split()) == 5
 
 
-_CRON_KEYS = {"schedule": ("0 * * * *", ""),
+_CRON_KEYS = {"schedule": (DEFAULT_SCHEDULE, ""),
               "optimize_schedule": (DEFAULT_OPTIMIZE_SCHEDULE, ", or null (no scheduled compaction)")}
 
 
@@ -404,7 +405,7 @@ def _parse_source(name: str, raw: Any) -> SourceConfig:
             raise ConfigError(f"{where}.publication: {publication!r} is too long to name the insert-only "
                               f"publication {publication}{INSERT_ONLY_SUFFIX} (at most {_MAX_IDENT} characters); "
                               "choose a shorter publication name")
-    schedule = raw.get("schedule", "0 * * * *")
+    schedule = raw.get("schedule", DEFAULT_SCHEDULE)
     if not _is_cron(schedule):
         raise _bad_cron(where, "schedule", schedule)
     optimize_schedule = raw.get("optimize_schedule", DEFAULT_OPTIMIZE_SCHEDULE)
