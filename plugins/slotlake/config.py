@@ -48,8 +48,8 @@ _IDENT = re.compile(r'^[A-Za-z_][A-Za-z0-9_$]*$')
 INSERT_ONLY_SUFFIX = "_insert_only"
 _MAX_IDENT = 63  # PostgreSQL truncates longer names (NAMEDATALEN - 1)
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# Gold's daily compaction (`slotlake_optimize__<source>`): at half past the hour, between hourly syncs.
 DEFAULT_SCHEDULE = "0 * * * *"  # the sync DAG: hourly, UTC
+# Gold's daily compaction (`slotlake_optimize__<source>`): at half past the hour, between hourly syncs.
 DEFAULT_OPTIMIZE_SCHEDULE = "30 3 * * *"
 
 
